@@ -1,0 +1,5 @@
+import sys
+
+from dcoco.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Decoding stages: sampling, proposing, verification."""

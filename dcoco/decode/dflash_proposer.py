@@ -1,0 +1,37 @@
+"""The DFlash proposer: one non-causal drafter pass proposes the whole block (argmax per slot).
+
+The drafter keeps its own cache of context K/V (projected from target taps); each call feeds it the
+taps of the tokens committed since the previous call, and `draft()` crops the block back out.
+"""
+
+from __future__ import annotations
+
+from dcoco.contracts import Proposal
+from dcoco.decode.proposers import DraftContext
+from dcoco.errors import DcocoError
+from dcoco.models.drafter import BlockDrafter
+
+
+class DFlashProposer:
+    name = "dflash"
+
+    def __init__(self, drafter: BlockDrafter, num_draft_tokens: int | None = None):
+        slots = drafter.config.block_size - 1
+        if num_draft_tokens is not None and not 1 <= num_draft_tokens <= slots:
+            raise DcocoError(f"num-draft-tokens must be in 1..{slots} for this drafter")
+        self.drafter = drafter
+        self.feature_layers = tuple(drafter.config.target_layer_ids)
+        self.num_draft_tokens = num_draft_tokens or slots
+        self.cache = drafter.new_cache()
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self.cache = self.drafter.new_cache()
+
+    def propose(self, context: DraftContext) -> Proposal:
+        if context.new_features is None:
+            raise ValueError("the DFlash proposer needs the target's tapped features")
+        logits, _hidden = self.drafter.draft(  # [batch, slots, vocab]
+            context.tokens[-1:], context.new_features, self.cache
+        )
+        limit = min(self.num_draft_tokens, context.max_slots)
+        return Proposal(draft_tokens=logits[:, :limit].argmax(dim=-1))

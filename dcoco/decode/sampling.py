@@ -1,0 +1,59 @@
+"""Turning next-token logits into probabilities and tokens (temperature, top-k, top-p)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from dcoco.contracts import SamplingParams
+
+
+def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:
+    """Float32 probabilities after temperature, top-k and top-p; a one-hot argmax when greedy."""
+    # [..., vocab] -> [..., vocab]
+    logits = logits.float()
+    vocab = logits.shape[-1]
+    if params.greedy:
+        # torch.argmax breaks ties towards the lowest index, which keeps greedy deterministic.
+        top = logits.argmax(dim=-1, keepdim=True)  # [..., 1]
+        return torch.zeros_like(logits).scatter_(-1, top, 1.0)
+    scaled = logits / params.temperature  # [..., vocab]
+    if 0 < params.top_k < vocab:
+        # Scatter the top-k indices rather than thresholding on the k-th value, so that ties at
+        # the boundary still leave exactly k tokens.
+        top_k = torch.topk(scaled, params.top_k, dim=-1).indices  # [..., top_k]
+        keep = torch.zeros_like(scaled, dtype=torch.bool).scatter_(-1, top_k, True)
+        scaled = scaled.masked_fill(~keep, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)  # [..., vocab]
+    if params.top_p < 1:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)  # [..., vocab]
+        # A token stays while the mass strictly before it is short of top_p: this is the smallest
+        # prefix reaching top_p, and the top token (mass before it 0) always stays.
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # [..., vocab]
+        keep_sorted = mass_before < params.top_p
+        keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
+        probs = probs.masked_fill(~keep, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def sample(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """One draw per row of `probs` (rows need not be normalised)."""
+    # [..., vocab] -> [...] int64
+    leading = probs.shape[:-1]
+    rows = probs.reshape(-1, probs.shape[-1])  # [rows, vocab]
+    if rows.shape[0] == 0:
+        # torch.multinomial rejects an empty batch; an empty draw is still well defined.
+        return torch.zeros(leading, dtype=torch.int64, device=probs.device)
+    draws = torch.multinomial(rows, num_samples=1, generator=generator)  # [rows, 1]
+    return draws.reshape(leading)
+
+
+def sample_from_logits(
+    logits: Tensor, params: SamplingParams, generator: torch.Generator | None = None
+) -> Tensor:
+    """Argmax when greedy, otherwise a draw from the filtered distribution."""
+    # [..., vocab] -> [...] int64
+    if params.greedy:
+        return logits.argmax(dim=-1)
+    return sample(logits_to_probs(logits, params), generator)

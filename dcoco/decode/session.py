@@ -1,0 +1,49 @@
+"""Shared set-up for the commands that decode: target + method -> Engine, from one config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dcoco.contracts import SamplingParams
+from dcoco.decode.engine import Engine
+from dcoco.decode.methods import MethodOptions, build_proposer
+from dcoco.errors import DcocoError
+from dcoco.models.loading import DEFAULT_TARGET, load_target
+from dcoco.models.target import TargetModel
+
+
+@dataclass
+class DecodeConfig:
+    target: str = DEFAULT_TARGET  # embedded name or HF model directory
+    dtype: str = "bf16"  # bf16 | fp32 (fp32 for exactness checks)
+    device: str = ""  # empty = CUDA when present, else CPU
+    threads: int = 0  # CPU threads for torch; 0 = torch's default
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    chat: bool = True  # apply the target's chat template
+    num_draft_tokens: int = 0  # 0 = the method's default
+    drafter: str = ""  # drafter checkpoint; empty = the one shipped for the target
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+
+    def method_options(self) -> MethodOptions:
+        return MethodOptions(num_draft_tokens=self.num_draft_tokens, drafter=self.drafter)
+
+
+def open_target(config: DecodeConfig) -> TargetModel:
+    config.sampling()  # validate the flags before the (slower) model load
+    if config.max_new_tokens <= 0:
+        raise DcocoError(f"max-new-tokens must be > 0, got {config.max_new_tokens}")
+    if config.threads > 0:
+        torch.set_num_threads(config.threads)
+    return load_target(config.target, dtype=config.dtype, device=config.device or None)
+
+
+def make_engine(target: TargetModel, method: str, config: DecodeConfig) -> Engine:
+    return Engine(target, build_proposer(method, target, config.method_options()))

@@ -1,0 +1,1 @@
+"""Evaluation: benchmarks that print numbers (never timed assertions)."""

@@ -1,0 +1,141 @@
+"""`dcoco compare`: several methods on the same prompts, interleaved prompt by prompt, one run.
+
+Interleaving makes machine drift hit every method alike; one warm-up prompt per method is run
+first and not counted. Speedup is plain's time per token over the method's, pooled over the same
+prompts, so it compares like with like through the same engine.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from dcoco.config import add_config_args, config_from_args
+from dcoco.decode.methods import check_method
+from dcoco.decode.session import DecodeConfig, make_engine, open_target
+from dcoco.decode.stats import RequestStats
+from dcoco.errors import DcocoError
+
+BUILTIN_PROMPTS = [
+    "Write a Python function that checks whether a string is a palindrome.",
+    "A farmer has 12 cows. He buys 5 more and then sells 3. How many cows does he have now? "
+    "Please reason step by step.",
+    "What are some good tips for sleeping better at night?",
+    "Add type hints and a docstring to this function, and return the whole function:\n"
+    "def mean(values):\n    total = 0\n    for value in values:\n        total += value\n"
+    "    return total / len(values)",
+    "Summarise this paragraph in two sentences: The city council met on Tuesday to discuss the "
+    "new park. Residents asked for more trees, a playground and a quiet area for reading. The "
+    "council agreed to plant trees first and to build the playground next year.",
+    "List five fruits that are high in vitamin C, one per line, each with a short reason.",
+]
+
+
+@dataclass
+class CompareConfig(DecodeConfig):
+    methods: str = "plain,pld"  # comma-separated; the first is the baseline for speedup
+    prompts: str = ""  # JSONL with `turns` (first turn used) or `prompt`; empty = built-in prompts
+    limit: int = 0  # use at most this many prompts; 0 = all
+    warmup: bool = True  # one uncounted warm-up generation per method
+    output: str = ""  # write per-sample records and the summary as JSON here
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "compare", help="plain vs speculative methods on a few prompts, interleaved, one run"
+    )
+    add_config_args(parser, CompareConfig)
+    parser.set_defaults(handler=run)
+
+
+def load_prompts(path: str, limit: int) -> list[str]:
+    if not path:
+        prompts = list(BUILTIN_PROMPTS)
+    else:
+        file = Path(path)
+        if not file.is_file():
+            raise DcocoError(f"prompts file not found: {path}")
+        prompts = []
+        for number, line in enumerate(file.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                prompts.append(record["turns"][0] if "turns" in record else record["prompt"])
+            except (json.JSONDecodeError, KeyError, IndexError, TypeError) as error:
+                raise DcocoError(f"{path}:{number}: expected JSON with `turns` or `prompt`") from error
+    return prompts[:limit] if limit > 0 else prompts
+
+
+def run(args) -> int:
+    config = config_from_args(CompareConfig, args)
+    methods = [check_method(m.strip()) for m in config.methods.split(",") if m.strip()]
+    prompts = load_prompts(config.prompts, config.limit)
+    target = open_target(config)
+    engines = {method: make_engine(target, method, config) for method in methods}
+    encoded = [target.encode_chat(prompt, chat=config.chat) for prompt in prompts]
+    sampling = config.sampling()
+    if config.warmup:
+        for engine in engines.values():
+            engine.generate(encoded[0], min(32, config.max_new_tokens), sampling, config.seed)
+
+    records: dict[str, list[dict]] = {method: [] for method in methods}
+    for index, prompt_ids in enumerate(encoded):
+        for method, engine in engines.items():
+            result = engine.generate(prompt_ids, config.max_new_tokens, sampling, config.seed)
+            records[method].append({"prompt": index, "new_ids": result.new_ids,
+                                    **result.stats.summary()})
+            print(f"prompt {index + 1}/{len(encoded)} {method:>8}: "
+                  f"{result.stats.tokens_per_s:6.1f} tok/s  tau {result.stats.tau:5.2f}",
+                  file=sys.stderr)
+
+    summary = summarize(records, baseline=methods[0], greedy=sampling.greedy)
+    print_table(summary, config)
+    if config.output:
+        Path(config.output).write_text(json.dumps({"config": vars(args) | {"handler": None},
+                                                   "summary": summary, "records": records}))
+    return 0
+
+
+def summarize(records: dict[str, list[dict]], baseline: str, greedy: bool) -> dict[str, dict]:
+    """Per method: pooled tokens/s, mean τ, speedup over `baseline`, match rate vs baseline."""
+    def per_token_s(rows):
+        return sum(r["time_s"]["total"] for r in rows) / max(1, sum(r["new_tokens"] for r in rows))
+
+    base_rows = records[baseline]
+    summary = {}
+    for method, rows in records.items():
+        tokens = sum(r["new_tokens"] for r in rows)
+        seconds = sum(r["time_s"]["total"] for r in rows)
+        cycles = sum(r["cycles"] for r in rows)
+        entry = {
+            "prompts": len(rows),
+            "new_tokens": tokens,
+            "tokens_per_s": tokens / seconds if seconds else 0.0,
+            "tau": sum(r["tau"] for r in rows) / len(rows),
+            "tau_pooled": (tokens - len(rows)) / cycles if cycles else 0.0,
+            "cycle_ms": 1000 * sum(r["time_s"]["total"] - r["time_s"]["prefill"] for r in rows)
+            / max(1, cycles),
+            "speedup": per_token_s(base_rows) / per_token_s(rows),
+        }
+        if greedy:
+            same = sum(r["new_ids"] == b["new_ids"] for r, b in zip(rows, base_rows, strict=True))
+            entry["match_rate_vs_baseline"] = same / len(rows)
+        summary[method] = entry
+    return summary
+
+
+def print_table(summary: dict[str, dict], config: CompareConfig) -> None:
+    print(f"target {config.target} | dtype {config.dtype} | T={config.temperature} | "
+          f"max new tokens {config.max_new_tokens}")
+    header = f"{'method':>8} {'tok/s':>8} {'tau':>6} {'cycle ms':>9} {'speedup':>8}"
+    has_match = any("match_rate_vs_baseline" in entry for entry in summary.values())
+    print(header + (f" {'same as baseline':>17}" if has_match else ""))
+    for method, entry in summary.items():
+        line = (f"{method:>8} {entry['tokens_per_s']:8.1f} {entry['tau']:6.2f} "
+                f"{entry['cycle_ms']:9.1f} {entry['speedup']:7.2f}x")
+        if has_match:
+            line += f" {entry['match_rate_vs_baseline']:16.0%}"
+        print(line)

@@ -1,0 +1,1 @@
+"""Models: the target adapter, its KV cache helpers and the drafters."""

