@@ -34,13 +34,20 @@ def _run_generate(args) -> int:
     prompt_ids = target.encode_chat(args.prompt, chat=config.chat)
     streamer = None if config.json else _Streamer(target)
     result = engine.generate(
-        prompt_ids, config.max_new_tokens, config.sampling(), config.seed,
+        prompt_ids,
+        config.max_new_tokens,
+        config.sampling(),
+        config.seed,
         on_tokens=streamer.push if streamer else None,
     )
     stats = result.stats
     if config.json:
-        record = {"method": engine.method, "text": target.decode(result.new_ids),
-                  "finish_reason": result.finish_reason, **stats.summary()}
+        record = {
+            "method": engine.method,
+            "text": target.decode(result.new_ids),
+            "finish_reason": result.finish_reason,
+            **stats.summary(),
+        }
         print(json.dumps(record))
         return 0
     print()
@@ -73,7 +80,7 @@ class _Streamer:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dcoco.eval import compare
+    from dcoco.eval import bench, compare, report
     from dcoco.train import drafter_train
 
     parser = argparse.ArgumentParser(
@@ -82,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_generate(subparsers)
     compare.add_parser(subparsers)
+    bench.add_parser(subparsers)
+    report.add_parser(subparsers)
     drafter_train.add_parser(subparsers)
     return parser
 

@@ -23,22 +23,25 @@ def _int_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x.strip())
 
 
-def add_config_args(parser: argparse.ArgumentParser, cls: type, helps: dict[str, str] | None = None):
+def add_config_args(
+    parser: argparse.ArgumentParser, cls: type, helps: dict[str, str] | None = None
+):
     """Add one flag per field of dataclass `cls` to `parser`."""
     hints = typing.get_type_hints(cls)
     helps = helps or {}
     for field in dataclasses.fields(cls):
         kind = hints[field.name]
         default = (
-            field.default
-            if field.default is not dataclasses.MISSING
-            else field.default_factory()  # type: ignore[misc]
+            field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
         )
         text = helps.get(field.name, "") + f" (default: {default})"
         if kind is bool:
             parser.add_argument(
-                _flag(field.name), dest=field.name, default=default,
-                action=argparse.BooleanOptionalAction, help=text,
+                _flag(field.name),
+                dest=field.name,
+                default=default,
+                action=argparse.BooleanOptionalAction,
+                help=text,
             )
             continue
         origin = typing.get_origin(kind)
@@ -49,8 +52,9 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type, helps: dict[str,
             convert = args[0]
         else:
             convert = kind
-        parser.add_argument(_flag(field.name), dest=field.name, type=convert, default=default,
-                            help=text)
+        parser.add_argument(
+            _flag(field.name), dest=field.name, type=convert, default=default, help=text
+        )
 
 
 def config_from_args(cls: type[T], args: argparse.Namespace) -> T:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import make_tiny_target
+
 from dcoco.contracts import Proposal, SamplingParams
 from dcoco.decode.engine import Engine
 from dcoco.decode.proposers import PromptLookupProposer
@@ -55,8 +55,13 @@ class RandomProposer:
 @pytest.mark.parametrize("max_new", [1, 7, 40])
 def test_greedy_equals_reference_for_every_proposer(tiny_target, max_new):
     reference = reference_greedy(tiny_target, PROMPT, max_new)
-    proposers = [None, PromptLookupProposer(6), RandomProposer(),
-                 OracleProposer(reference, corrupt_every=2), OracleProposer(reference, 10**9)]
+    proposers = [
+        None,
+        PromptLookupProposer(6),
+        RandomProposer(),
+        OracleProposer(reference, corrupt_every=2),
+        OracleProposer(reference, 10**9),
+    ]
     for proposer in proposers:
         result = Engine(tiny_target, proposer).generate(PROMPT, max_new)
         assert result.new_ids == reference, getattr(proposer, "name", "plain")
@@ -154,8 +159,12 @@ def test_bad_requests_raise_clear_errors(kwargs, message):
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [(dict(temperature=-0.1), "temperature"), (dict(top_p=0.0), "top-p"),
-     (dict(top_p=1.5), "top-p"), (dict(top_k=-1), "top-k")],
+    [
+        (dict(temperature=-0.1), "temperature"),
+        (dict(top_p=0.0), "top-p"),
+        (dict(top_p=1.5), "top-p"),
+        (dict(top_k=-1), "top-k"),
+    ],
 )
 def test_invalid_sampling_parameters(kwargs, message):
     with pytest.raises(DcocoError, match=message):

@@ -42,8 +42,22 @@ def test_prompt_over_the_context_is_a_clear_error(capsys):
 
 
 def test_generate_json(capsys):
-    assert main(["generate", "Say hello.", "--max-new-tokens", "8", "--method", "pld",
-                 "--json", "--dtype", "fp32"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "Say hello.",
+                "--max-new-tokens",
+                "8",
+                "--method",
+                "pld",
+                "--json",
+                "--dtype",
+                "fp32",
+            ]
+        )
+        == 0
+    )
     import json
 
     record = json.loads(capsys.readouterr().out)

@@ -15,7 +15,7 @@ class RequestStats:
     new_tokens: int = 0
     accept_lengths: list[int] = field(default_factory=list)  # per cycle: accepted drafts + 1
     proposed_per_slot: list[int] = field(default_factory=list)  # slot i drafted in this many cycles
-    reached_per_slot: list[int] = field(default_factory=list)  # ... with every earlier slot accepted
+    reached_per_slot: list[int] = field(default_factory=list)  # ... with all earlier accepted
     accepted_per_slot: list[int] = field(default_factory=list)  # ... and accepted itself
     prefill_s: float = 0.0
     draft_s: float = 0.0
@@ -91,4 +91,8 @@ class RequestStats:
             },
             "accept_hist": self.accept_hist(),
             "per_position_acceptance": [round(x, 4) for x in self.per_position_acceptance()],
+            # raw counts, so that acceptance can be pooled over requests (rates cannot be)
+            "proposed_per_slot": list(self.proposed_per_slot),
+            "reached_per_slot": list(self.reached_per_slot),
+            "accepted_per_slot": list(self.accepted_per_slot),
         }

@@ -15,8 +15,9 @@ from pathlib import Path
 from dcoco.config import add_config_args, config_from_args
 from dcoco.decode.methods import check_method
 from dcoco.decode.session import DecodeConfig, make_engine, open_target
-from dcoco.decode.stats import RequestStats
 from dcoco.errors import DcocoError
+from dcoco.eval.metrics import summarize, temperature_key
+from dcoco.eval.report import overall_table
 
 BUILTIN_PROMPTS = [
     "Write a Python function that checks whether a string is a palindrome.",
@@ -65,7 +66,9 @@ def load_prompts(path: str, limit: int) -> list[str]:
                 record = json.loads(line)
                 prompts.append(record["turns"][0] if "turns" in record else record["prompt"])
             except (json.JSONDecodeError, KeyError, IndexError, TypeError) as error:
-                raise DcocoError(f"{path}:{number}: expected JSON with `turns` or `prompt`") from error
+                raise DcocoError(
+                    f"{path}:{number}: expected JSON with `turns` or `prompt`"
+                ) from error
     return prompts[:limit] if limit > 0 else prompts
 
 
@@ -81,61 +84,36 @@ def run(args) -> int:
         for engine in engines.values():
             engine.generate(encoded[0], min(32, config.max_new_tokens), sampling, config.seed)
 
-    records: dict[str, list[dict]] = {method: [] for method in methods}
+    records = []
     for index, prompt_ids in enumerate(encoded):
         for method, engine in engines.items():
             result = engine.generate(prompt_ids, config.max_new_tokens, sampling, config.seed)
-            records[method].append({"prompt": index, "new_ids": result.new_ids,
-                                    **result.stats.summary()})
-            print(f"prompt {index + 1}/{len(encoded)} {method:>8}: "
-                  f"{result.stats.tokens_per_s:6.1f} tok/s  tau {result.stats.tau:5.2f}",
-                  file=sys.stderr)
+            # the bench record shape, so that the bench metrics apply; only `overall` is shown
+            records.append(
+                {
+                    "method": method,
+                    "temperature": config.temperature,
+                    "suite": "compare",
+                    "category": "chat",
+                    "id": str(index),
+                    "turn": 1,
+                    "new_ids": result.new_ids,
+                    **result.stats.summary(),
+                }
+            )
+            print(
+                f"prompt {index + 1}/{len(encoded)} {method:>8}: "
+                f"{result.stats.tokens_per_s:6.1f} tok/s  tau {result.stats.tau:5.2f}",
+                file=sys.stderr,
+            )
 
-    summary = summarize(records, baseline=methods[0], greedy=sampling.greedy)
-    print_table(summary, config)
+    summary = summarize(records, baseline=methods[0])
+    print(
+        f"target {config.target} | dtype {config.dtype} | T={config.temperature} | "
+        f"max new tokens {config.max_new_tokens}"
+    )
+    print("\n".join(overall_table(summary, temperature_key(config.temperature))))
     if config.output:
-        Path(config.output).write_text(json.dumps({"config": vars(args) | {"handler": None},
-                                                   "summary": summary, "records": records}))
+        output = {"config": vars(args) | {"handler": None}, "summary": summary, "records": records}
+        Path(config.output).write_text(json.dumps(output))
     return 0
-
-
-def summarize(records: dict[str, list[dict]], baseline: str, greedy: bool) -> dict[str, dict]:
-    """Per method: pooled tokens/s, mean τ, speedup over `baseline`, match rate vs baseline."""
-    def per_token_s(rows):
-        return sum(r["time_s"]["total"] for r in rows) / max(1, sum(r["new_tokens"] for r in rows))
-
-    base_rows = records[baseline]
-    summary = {}
-    for method, rows in records.items():
-        tokens = sum(r["new_tokens"] for r in rows)
-        seconds = sum(r["time_s"]["total"] for r in rows)
-        cycles = sum(r["cycles"] for r in rows)
-        entry = {
-            "prompts": len(rows),
-            "new_tokens": tokens,
-            "tokens_per_s": tokens / seconds if seconds else 0.0,
-            "tau": sum(r["tau"] for r in rows) / len(rows),
-            "tau_pooled": (tokens - len(rows)) / cycles if cycles else 0.0,
-            "cycle_ms": 1000 * sum(r["time_s"]["total"] - r["time_s"]["prefill"] for r in rows)
-            / max(1, cycles),
-            "speedup": per_token_s(base_rows) / per_token_s(rows),
-        }
-        if greedy:
-            same = sum(r["new_ids"] == b["new_ids"] for r, b in zip(rows, base_rows, strict=True))
-            entry["match_rate_vs_baseline"] = same / len(rows)
-        summary[method] = entry
-    return summary
-
-
-def print_table(summary: dict[str, dict], config: CompareConfig) -> None:
-    print(f"target {config.target} | dtype {config.dtype} | T={config.temperature} | "
-          f"max new tokens {config.max_new_tokens}")
-    header = f"{'method':>8} {'tok/s':>8} {'tau':>6} {'cycle ms':>9} {'speedup':>8}"
-    has_match = any("match_rate_vs_baseline" in entry for entry in summary.values())
-    print(header + (f" {'same as baseline':>17}" if has_match else ""))
-    for method, entry in summary.items():
-        line = (f"{method:>8} {entry['tokens_per_s']:8.1f} {entry['tau']:6.2f} "
-                f"{entry['cycle_ms']:9.1f} {entry['speedup']:7.2f}x")
-        if has_match:
-            line += f" {entry['match_rate_vs_baseline']:16.0%}"
-        print(line)

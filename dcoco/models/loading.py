@@ -54,6 +54,26 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def cpu_has_native_bf16() -> bool:
+    """AVX-512 BF16 or AMX: without them (plain AVX2) bf16 matmuls are emulated and several times
+    slower than fp32, so `auto` picks fp32 there."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """`auto` = bf16 on CUDA and on CPUs with native bf16, else fp32."""
+    if name == "auto":
+        native = device.type == "cuda" or (device.type == "cpu" and cpu_has_native_bf16())
+        return torch.bfloat16 if native else torch.float32
+    if name not in DTYPES:
+        raise DcocoError(f"unknown dtype '{name}': choose one of auto, {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
 def resolve_target(spec: str) -> Path:
     """The directory holding an HF model for `spec` (an embedded name or a path)."""
     if spec in EMBEDDED_TARGETS:
@@ -68,18 +88,17 @@ def resolve_target(spec: str) -> Path:
     )
 
 
-def load_target(spec: str = DEFAULT_TARGET, dtype: str = "bf16", device: str | None = None):
+def load_target(spec: str = DEFAULT_TARGET, dtype: str = "auto", device: str | None = None):
     """Load `spec` as a TargetModel on `device` (CUDA when present, else CPU)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a per-tensor bar on every load is noise in the CLI
-    if dtype not in DTYPES:
-        raise DcocoError(f"unknown dtype '{dtype}': choose one of {', '.join(DTYPES)}")
-    path = resolve_target(spec)
     torch_device = torch.device(device) if device else default_device()
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    path = resolve_target(spec)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as error:
         raise DcocoError(f"could not load target from {path}: {error}") from error

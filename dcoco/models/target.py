@@ -1,7 +1,8 @@
 """The target adapter: one forward that returns logits and tapped hidden states, over a rollbackable
 KV cache, plus the tokenizer side (chat template, stop ids).
 
-A tap on layer i is the output of decoder layer i (HF `hidden_states[i + 1]`), before the final norm.
+A tap on layer i is the output of decoder layer i (HF `hidden_states[i + 1]`), before the
+final norm.
 """
 
 from __future__ import annotations

@@ -1,0 +1,121 @@
+"""`dcoco bench` end to end on a tiny random target: files, resume, greedy match, report;
+and `dcoco compare`, which shares its metrics."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from conftest import make_tiny_target
+
+from dcoco.cli import main
+from dcoco.errors import DcocoError
+from dcoco.eval.bench import BenchConfig, run_bench
+from dcoco.eval.samples import read_samples
+
+
+class CharTokenizer:
+    """One token per character, so prompt lengths are easy to predict (no chat template)."""
+
+    def __call__(self, text: str) -> dict:
+        return {"input_ids": [3 + ord(char) % 120 for char in text]}
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(ord("a") + token % 26) for token in ids)
+
+
+ROWS = [
+    {"id": "g1", "suite": "gsm8k", "category": "math", "turns": ["2+2?"]},
+    {"id": "g2", "suite": "gsm8k", "category": "math", "turns": ["3*3?"]},
+    {"id": "g3", "suite": "gsm8k", "category": "math", "turns": ["9-1?"]},
+    {"id": "m1", "suite": "mtbench", "category": "chat", "turns": ["abab abab", "more"]},
+    {"id": "m2", "suite": "mtbench", "category": "code", "turns": ["def f(): f", "again"]},
+]
+
+
+@pytest.fixture(scope="module")
+def target():
+    target = make_tiny_target("llama")
+    target.tokenizer = CharTokenizer()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model only loses to thread hand-offs on a busy machine
+    yield target
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory) -> BenchConfig:
+    tmp_path = tmp_path_factory.mktemp("bench")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps(row) for row in ROWS) + "\n")
+    return BenchConfig(
+        methods="plain,pld",
+        prompts=str(prompts),
+        limit=2,
+        temperatures="0,1",
+        max_new_tokens=12,
+        dtype="fp32",
+        run_name="tiny",
+        results_dir=str(tmp_path / "results"),
+    )
+
+
+@pytest.fixture(scope="module")
+def run_dir(config, target):
+    return run_bench(config, target=target, progress=False)
+
+
+def test_bench_writes_samples_summary_and_report(run_dir):
+    for name in ("samples.jsonl", "config.json", "summary.json", "report.md"):
+        assert (run_dir / name).is_file(), name
+    records = read_samples(run_dir)
+    # 2 temperatures x (2 one-turn gsm8k + 2 two-turn mtbench prompts) x 2 methods
+    assert len(records) == 2 * (2 + 2 * 2) * 2
+    assert {r["suite"] for r in records} == {"gsm8k", "mtbench"}
+    assert {"reached_per_slot", "accepted_per_slot", "text", "finish_reason"} <= set(records[0])
+
+    # turn 2 is [user 1, the method's own answer, user 2] (joined by newlines without a template)
+    first, second = (
+        next(r for r in records if r["id"] == "m1" and r["turn"] == turn and r["method"] == "pld")
+        for turn in (1, 2)
+    )
+    expected = len("abab abab") + 1 + len(first["new_ids"]) + 1 + len("more")
+    assert second["prompt_tokens"] == expected
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    greedy = summary["results"]["0"]
+    assert greedy["pld"]["overall"]["match_rate"] == 1.0  # lossless, and exact in fp32
+    assert set(greedy["pld"]["suites"]) == {"gsm8k", "mtbench"}
+    assert greedy["pld"]["suites"]["gsm8k"]["samples"] == 2
+    assert summary["results"]["1"]["pld"]["overall"]["match_rate"] is None
+    report = (run_dir / "report.md").read_text()
+    assert "| method | gsm8k | mtbench | overall |" in report and "## Definitions" in report
+    pytest.importorskip("matplotlib")
+    assert (run_dir / "tau_per_suite_T0.png").is_file()
+    assert (run_dir / "acceptance_per_position_T1.png").is_file()
+
+
+def test_resume_skips_done_samples_and_a_rerun_needs_it(run_dir, config, target):
+    lines = (run_dir / "samples.jsonl").read_text()
+    resumed = dataclasses.replace(config, resume=True, plots=False)
+    run_bench(resumed, target=target, progress=False)
+    assert (run_dir / "samples.jsonl").read_text() == lines
+    assert len(json.loads((run_dir / "config.json").read_text())["sessions"]) == 2
+    with pytest.raises(DcocoError, match="--resume"):
+        run_bench(dataclasses.replace(config, plots=False), target=target, progress=False)
+
+
+def test_bench_report_rebuilds_from_samples(run_dir):
+    (run_dir / "report.md").unlink()
+    assert main(["bench-report", str(run_dir), "--no-plots"]) == 0
+    assert "### Cycle time split" in (run_dir / "report.md").read_text()
+
+
+def test_compare_prints_the_shared_overall_table(target, monkeypatch, capsys):
+    monkeypatch.setattr("dcoco.eval.compare.open_target", lambda config: target)
+    argv = ["compare", "--methods", "plain,pld", "--limit", "2", "--max-new-tokens", "8"]
+    assert main([*argv, "--dtype", "fp32", "--no-warmup"]) == 0
+    out = capsys.readouterr().out
+    assert "| method | samples |" in out and "| pld | 2 |" in out and "| 100% |" in out
