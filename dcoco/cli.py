@@ -80,6 +80,7 @@ class _Streamer:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from dcoco.data import datagen
     from dcoco.eval import bench, compare, report
     from dcoco.train import drafter_train
 
@@ -92,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_parser(subparsers)
     report.add_parser(subparsers)
     drafter_train.add_parser(subparsers)
+    datagen.add_parser(subparsers)
     return parser
 
 

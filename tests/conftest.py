@@ -23,6 +23,16 @@ TINY_DIMS = dict(
 )
 
 
+class CharTokenizer:
+    """One token per character, so prompt lengths are easy to predict (no chat template)."""
+
+    def __call__(self, text: str) -> dict:
+        return {"input_ids": [3 + ord(char) % 120 for char in text]}
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(ord("a") + token % 26) for token in ids)
+
+
 def make_tiny_target(arch: str = "llama", seed: int = 0, **overrides) -> TargetModel:
     torch.manual_seed(seed)
     dims = {**TINY_DIMS, **overrides}

@@ -8,23 +8,12 @@ import json
 
 import pytest
 import torch
-from conftest import make_tiny_target
+from conftest import CharTokenizer, make_tiny_target
 
 from dcoco.cli import main
 from dcoco.errors import DcocoError
 from dcoco.eval.bench import BenchConfig, run_bench
 from dcoco.eval.samples import read_samples
-
-
-class CharTokenizer:
-    """One token per character, so prompt lengths are easy to predict (no chat template)."""
-
-    def __call__(self, text: str) -> dict:
-        return {"input_ids": [3 + ord(char) % 120 for char in text]}
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return "".join(chr(ord("a") + token % 26) for token in ids)
-
 
 ROWS = [
     {"id": "g1", "suite": "gsm8k", "category": "math", "turns": ["2+2?"]},

@@ -1,0 +1,1 @@
+"""Data: corpora the trainers read."""

@@ -1,0 +1,326 @@
+"""The DFlash-style parallel block drafter: Qwen3 layers conditioned on tapped target features.
+
+One block is `[anchor, MASK x (block_size - 1)]` at absolute positions `s .. s + block_size - 1`;
+one non-causal forward predicts every mask slot at its own position (slot k -> token s + k).
+The target's taps are fused once, `ctx = hidden_norm(fc(cat taps))`, and every layer re-projects
+that ctx into extra keys/values (`K = rope(k_norm(W_k ctx))`, `V = W_v ctx`: no input_layernorm, no
+MLP). Queries come from the block only. This is the math vLLM's `qwen3_dflash` runs, and parameter
+names equal the DFlash checkpoint names, so a plain state_dict is a loadable DFlash checkpoint.
+
+The target's embedding (block inputs) and lm_head (logits) are shared and frozen; they are held
+outside the module's registry so they never enter the state_dict or the optimizer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import DynamicCache
+from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, rotate_half
+
+from dcoco.errors import DcocoError
+from dcoco.models.cache import cache_length, crop_cache
+
+DEFAULT_NUM_TAPS = 3
+
+
+def build_target_layer_ids(num_target_layers: int, num_taps: int) -> tuple[int, ...]:
+    """DFlash's tap rule: one tap -> the middle layer; else spread evenly over layers 1 .. L-3."""
+    if num_taps == 1:
+        return (num_target_layers // 2,)
+    span = num_target_layers - 4
+    return tuple(round(1 + i * span / (num_taps - 1)) for i in range(num_taps))
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    vocab_size: int
+    mask_token_id: int
+    target_layer_ids: tuple[int, ...]
+    num_target_layers: int
+    num_layers: int = 2
+    block_size: int = 16
+
+    @property
+    def num_taps(self) -> int:
+        return len(self.target_layer_ids)
+
+    @classmethod
+    def for_target(
+        cls,
+        target,
+        num_layers: int = 2,
+        block_size: int = 16,
+        mask_token_id: int | None = None,
+        target_layer_ids: tuple[int, ...] | None = None,
+        num_taps: int = DEFAULT_NUM_TAPS,
+    ) -> DrafterConfig:
+        """A drafter shaped like `target` (a TargetModel or a Hugging Face config).
+
+        The mask id must be a real row of the target's embedding that the target never emits (for
+        SmolLM2: 16, an unused special token), so it has no default.
+        """
+        hf = getattr(target, "config", target)
+        info = getattr(target, "info", None)
+        num_target_layers = info.num_layers if info else hf.num_hidden_layers
+        vocab_size = info.vocab_size if info else hf.vocab_size
+        if mask_token_id is None:
+            raise DcocoError("a drafter needs a mask token id: an unused row of the target vocab")
+        rope = getattr(hf, "rope_parameters", None) or {}
+        rope_theta = rope.get("rope_theta", getattr(hf, "rope_theta", None))
+        if rope_theta is None:
+            raise DcocoError("the target config has no rope_theta to copy into the drafter")
+        taps = target_layer_ids or build_target_layer_ids(num_target_layers, num_taps)
+        config = cls(
+            hidden_size=hf.hidden_size,
+            intermediate_size=hf.intermediate_size,
+            num_heads=hf.num_attention_heads,
+            num_kv_heads=hf.num_key_value_heads,
+            head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads,
+            rms_norm_eps=float(hf.rms_norm_eps),
+            rope_theta=float(rope_theta),
+            max_position_embeddings=hf.max_position_embeddings,
+            vocab_size=vocab_size,
+            mask_token_id=mask_token_id,
+            target_layer_ids=tuple(int(t) for t in taps),
+            num_target_layers=num_target_layers,
+            num_layers=num_layers,
+            block_size=block_size,
+        )
+        _check_self_consistent(config)
+        return config
+
+
+def _check_self_consistent(config: DrafterConfig) -> None:
+    if config.block_size < 2:
+        raise DcocoError(f"block size must be >= 2 (an anchor and a slot), got {config.block_size}")
+    if config.num_layers < 1 or not config.target_layer_ids:
+        raise DcocoError("a drafter needs at least one layer and one target tap")
+    if not 0 <= config.mask_token_id < config.vocab_size:
+        raise DcocoError(
+            f"mask token id {config.mask_token_id} is outside the vocab (size {config.vocab_size})"
+        )
+
+
+def check_compatible(config: DrafterConfig, target_info, fingerprint: str | None = None) -> None:
+    """Raise DcocoError unless a drafter with `config` can run on the target described by
+    `target_info` (a TargetInfo); `fingerprint` is the one stored with the drafter, if any."""
+    _check_self_consistent(config)
+    checks = [
+        ("vocab size", config.vocab_size, target_info.vocab_size),
+        ("hidden size", config.hidden_size, target_info.hidden_size),
+        ("number of target layers", config.num_target_layers, target_info.num_layers),
+    ]
+    for what, mine, theirs in checks:
+        if mine != theirs:
+            raise DcocoError(
+                f"drafter does not fit target '{target_info.name}': {what} is {mine} for the "
+                f"drafter but {theirs} for the target"
+            )
+    bad = [t for t in config.target_layer_ids if not 0 <= t < target_info.num_layers]
+    if bad:
+        raise DcocoError(
+            f"drafter taps {bad} do not exist: target '{target_info.name}' has "
+            f"{target_info.num_layers} layers"
+        )
+    if fingerprint and fingerprint != target_info.fingerprint:
+        raise DcocoError(
+            f"drafter was trained on a different target (fingerprint {fingerprint}, target "
+            f"'{target_info.name}' has {target_info.fingerprint})"
+        )
+
+
+def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Neox-style RoPE: x [batch, heads, tokens, head_dim], cos/sin [batch, 1, tokens, head_dim]."""
+    return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)
+
+
+class DFlashAttention(nn.Module):
+    """Block queries attend to [context ; block] keys, bidirectionally (unless a mask says not)."""
+
+    def __init__(self, config: DrafterConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.head_dim = config.head_dim
+        hidden, heads, kv_heads = config.hidden_size, config.num_heads, config.num_kv_heads
+        self.q_proj = nn.Linear(hidden, heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * self.head_dim, hidden, bias=False)
+        self.q_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.k_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+
+    def _heads(self, x: Tensor) -> Tensor:
+        # [batch, tokens, heads * head_dim] -> [batch, heads, tokens, head_dim]
+        return x.unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
+
+    def forward(
+        self,
+        block: Tensor,  # [batch, block, hidden], after input_layernorm
+        context: Tensor | None,  # [batch, tokens, hidden], fused taps (not layer-normed)
+        cos: Tensor,  # [batch, 1, tokens + block, head_dim]: context positions, then block
+        sin: Tensor,
+        attention_mask: Tensor | None,  # [batch, 1, block, keys] bool, True = may attend
+        cache: DynamicCache | None,
+    ) -> Tensor:
+        num_block = block.shape[1]
+        kv_input = block if context is None else torch.cat([context, block], dim=1)
+        query = _rope(
+            self.q_norm(self._heads(self.q_proj(block))),
+            cos[..., -num_block:, :],
+            sin[..., -num_block:, :],
+        )  # [batch, heads, block, head_dim]
+        key = _rope(self.k_norm(self._heads(self.k_proj(kv_input))), cos, sin)
+        value = self._heads(self.v_proj(kv_input))  # [batch, heads, tokens + block, head_dim]
+        if cache is not None:
+            key, value = cache.update(key, value, self.layer_idx)
+        # Autocast may leave the normed q/k in fp32 while v is bf16; SDPA needs one dtype.
+        key, value = key.to(query.dtype), value.to(query.dtype)
+        out = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, enable_gqa=True
+        )  # [batch, heads, block, head_dim]
+        return self.o_proj(out.transpose(1, 2).flatten(2))
+
+
+class DFlashDecoderLayer(nn.Module):
+    """Pre-norm Qwen3 layer over the block; the context only feeds the attention's keys/values."""
+
+    def __init__(self, config: DrafterConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = DFlashAttention(config, layer_idx)
+        mlp_dims = SimpleNamespace(
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            hidden_act="silu",
+        )
+        self.mlp = Qwen3MLP(mlp_dims)
+        self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, hidden, context, cos, sin, attention_mask, cache) -> Tensor:
+        attn = self.self_attn(
+            self.input_layernorm(hidden), context, cos, sin, attention_mask, cache
+        )
+        hidden = hidden + attn
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class BlockDrafter(nn.Module):
+    """The drafter. `embed_tokens` and `lm_head` are the target's, frozen and not registered."""
+
+    def __init__(self, config: DrafterConfig, embed_tokens: nn.Embedding, lm_head: nn.Linear):
+        super().__init__()
+        _check_self_consistent(config)
+        self.config = config
+        hidden = config.hidden_size
+        self.layers = nn.ModuleList(DFlashDecoderLayer(config, i) for i in range(config.num_layers))
+        self.fc = nn.Linear(config.num_taps * hidden, hidden, bias=False)
+        self.hidden_norm = Qwen3RMSNorm(hidden, eps=config.rms_norm_eps)
+        self.norm = Qwen3RMSNorm(hidden, eps=config.rms_norm_eps)
+        # A tuple is not a Module, so nn.Module does not register (save, train or move) these.
+        self._shared = (embed_tokens, lm_head)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=0.02)  # Qwen3's initializer_range
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    def embed(self, ids: Tensor) -> Tensor:
+        """[batch, tokens] ids -> [batch, tokens, hidden] with the target's embedding."""
+        return self._shared[0](ids)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """[batch, tokens, hidden] -> [batch, tokens, vocab] with the target's lm_head."""
+        head = self._shared[1]
+        return head(hidden.to(head.weight.dtype))
+
+    def block_ids(self, anchor: Tensor) -> Tensor:
+        """[batch] anchor ids -> [batch, block] ids `[anchor, MASK, ..., MASK]`."""
+        block = anchor.new_full(
+            (anchor.shape[0], self.config.block_size), self.config.mask_token_id
+        )
+        block[:, 0] = anchor
+        return block
+
+    def _rope_tables(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """cos, sin [batch, 1, tokens, head_dim] for absolute `positions` [batch, tokens].
+
+        Built in fp32 each call rather than kept as a buffer, which `.to(bf16)` would round.
+        """
+        half = torch.arange(
+            0, self.config.head_dim, 2, device=positions.device, dtype=torch.float32
+        )
+        inv_freq = 1.0 / self.config.rope_theta ** (half / self.config.head_dim)
+        angles = positions[..., None].float() * inv_freq  # [batch, tokens, head_dim / 2]
+        angles = torch.cat([angles, angles], dim=-1)[:, None]
+        return angles.cos(), angles.sin()
+
+    def forward(
+        self,
+        block_embeds: Tensor,  # [batch, block, hidden]; several blocks side by side in training
+        context: Tensor | None,  # [batch, tokens, taps * hidden] target taps, or None
+        context_positions: Tensor | None,  # [batch, tokens] absolute positions of `context`
+        block_positions: Tensor,  # [batch, block] absolute positions of the block tokens
+        attention_mask: Tensor | None = None,  # [batch, 1, block, cached + tokens + block] bool
+        cache: DynamicCache | None = None,  # context K/V of earlier positions, appended to
+    ) -> Tensor:
+        """Final hidden states [batch, block, hidden] (after `norm`, before the lm_head).
+
+        With a cache, the new context and the block K/V are appended to it; the caller crops.
+        """
+        hidden = block_embeds.to(self.dtype)
+        fused = None
+        positions = block_positions
+        if context is not None:
+            fused = self.hidden_norm(self.fc(context.to(self.dtype)))  # [batch, tokens, hidden]
+            positions = torch.cat([context_positions, block_positions], dim=1)
+        cos, sin = self._rope_tables(positions)
+        for layer in self.layers:
+            hidden = layer(hidden, fused, cos, sin, attention_mask, cache)
+        return self.norm(hidden)
+
+    def new_cache(self) -> DynamicCache:
+        """An empty cache for the context K/V of every draft layer."""
+        return DynamicCache()
+
+    @torch.inference_mode()
+    def draft(
+        self,
+        anchor: Tensor,  # [batch] the last committed token, at position s
+        new_features: Tensor,  # [batch, tokens, taps * hidden]: taps at positions c .. s - 1
+        cache: DynamicCache,  # context K/V of positions 0 .. c - 1
+    ) -> tuple[Tensor, Tensor]:
+        """Draft the block after `anchor`: fp32 logits [batch, slots, vocab] and hidden states
+        [batch, slots, hidden] for the mask slots (positions s + 1 .. s + block_size - 1).
+
+        The cache ends holding context K/V for positions 0 .. s - 1 and never the block's.
+        """
+        batch, num_new = new_features.shape[:2]
+        start = cache_length(cache)
+        anchor_pos = start + num_new
+        device = anchor.device
+        context_positions = torch.arange(start, anchor_pos, device=device).expand(batch, -1)
+        block_positions = torch.arange(
+            anchor_pos, anchor_pos + self.config.block_size, device=device
+        ).expand(batch, -1)
+        block_embeds = self.embed(self.block_ids(anchor))
+        hidden = self.forward(
+            block_embeds, new_features, context_positions, block_positions, cache=cache
+        )
+        crop_cache(cache, anchor_pos)
+        hidden = hidden[:, 1:]  # [batch, slots, hidden]: slot 0 is the anchor itself
+        return self.logits(hidden).float(), hidden

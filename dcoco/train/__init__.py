@@ -1,0 +1,1 @@
+"""Training: the drafter trainer and its pure block helpers."""
