@@ -35,6 +35,41 @@ def test_pld_greedy_equals_plain_on_five_prompts(smollm2):
     assert accepted_any  # the proposer really drafted and the target really accepted
 
 
+def test_shipped_drafter_greedy_equals_plain_and_is_accepted(smollm2):
+    from dcoco.decode.methods import MethodOptions, build_proposer
+
+    proposer = build_proposer("dflash", smollm2, MethodOptions())
+    taus = []
+    for text in BUILTIN_PROMPTS[:3]:
+        prompt = smollm2.encode_chat(text)
+        plain = Engine(smollm2).generate(prompt, 48)
+        dflash = Engine(smollm2, proposer).generate(prompt, 48)
+        assert dflash.new_ids == plain.new_ids, text
+        taus.append(dflash.stats.tau)
+    assert sum(taus) / len(taus) > 1.2, taus  # a trained drafter, not a random one
+
+
+def test_drafter_for_another_target_is_refused(smollm2, tmp_path, capsys):
+    import json
+    import shutil
+
+    from dcoco.decode.methods import default_drafter_dir
+
+    bad = tmp_path / "drafter"
+    shutil.copytree(default_drafter_dir(smollm2), bad)
+    config = json.loads((bad / "config.json").read_text())
+    config["vocab_size"] = 32000
+    (bad / "config.json").write_text(json.dumps(config))
+    assert (
+        main(
+            ["generate", "hi", "--method", "dflash", "--drafter", str(bad), "--max-new-tokens", "4"]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "vocab" in err and "Traceback" not in err
+
+
 def test_prompt_over_the_context_is_a_clear_error(capsys):
     assert main(["generate", "word " * 9000, "--max-new-tokens", "4"]) == 2
     err = capsys.readouterr().err

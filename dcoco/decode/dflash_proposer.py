@@ -6,6 +6,8 @@ taps of the tokens committed since the previous call, and `draft()` crops the bl
 
 from __future__ import annotations
 
+from torch import Tensor
+
 from dcoco.contracts import Proposal
 from dcoco.decode.proposers import DraftContext
 from dcoco.errors import DcocoError
@@ -28,10 +30,14 @@ class DFlashProposer:
         self.cache = self.drafter.new_cache()
 
     def propose(self, context: DraftContext) -> Proposal:
+        logits, _hidden = self.draft_block(context)  # [batch, slots, vocab]
+        return Proposal(draft_tokens=logits.argmax(dim=-1))
+
+    def draft_block(self, context: DraftContext) -> tuple[Tensor, Tensor]:
+        """One drafter pass: logits [batch, slots, vocab] and hidden [batch, slots, hidden], cut
+        to the slots this cycle may propose."""
         if context.new_features is None:
-            raise ValueError("the DFlash proposer needs the target's tapped features")
-        logits, _hidden = self.drafter.draft(  # [batch, slots, vocab]
-            context.tokens[-1:], context.new_features, self.cache
-        )
+            raise ValueError(f"the {self.name} proposer needs the target's tapped features")
+        logits, hidden = self.drafter.draft(context.tokens[-1:], context.new_features, self.cache)
         limit = min(self.num_draft_tokens, context.max_slots)
-        return Proposal(draft_tokens=logits[:, :limit].argmax(dim=-1))
+        return logits[:, :limit], hidden[:, :limit]

@@ -1,0 +1,80 @@
+"""Selection rules: pick one candidate per slot from a corrector's Scores.
+
+Each rule maps Scores to candidate indices [batch, slots] (index 0 is the drafter's top-1 at that
+slot); `selected_token_ids` turns indices into the draft's token ids. A path k_0 .. k_{slots-1}
+scores L[0, k_0] + sum_p S[p, k_p, k_{p+1}].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from dcoco.models.corrector import Scores
+
+DEFAULT_GAMMA = 0.8
+
+
+def selected_token_ids(scores: Scores, indices: Tensor) -> Tensor:
+    """Candidate indices [batch, slots] -> token ids [batch, slots]."""
+    return scores.candidate_ids.gather(-1, indices[..., None]).squeeze(-1)
+
+
+def top1(scores: Scores) -> Tensor:
+    """The uncorrected drafter: its own argmax (index 0) at every slot."""
+    return torch.zeros_like(scores.candidate_ids[..., 0])
+
+
+def greedy(scores: Scores) -> Tensor:
+    """Prefix-first walk: slot 0 keeps the drafter's top-1, then k[p+1] = argmax_b S[p, k[p], b].
+
+    Each choice is conditioned only on the already chosen prefix, the order the target verifies
+    in, so a corrected slot never trades away an earlier one."""
+    transitions = scores.transitions  # [batch, slots - 1, K, K]
+    rows = torch.arange(transitions.shape[0], device=transitions.device)
+    index = torch.zeros_like(scores.candidate_ids[:, 0, 0])  # [batch]
+    path = [index]
+    for p in range(transitions.shape[1]):
+        index = transitions[rows, p, index].argmax(dim=-1)  # row S[p, k[p], :] is [batch, K]
+        path.append(index)
+    return torch.stack(path, dim=1)
+
+
+def best_path(scores: Scores) -> Tensor:
+    """The max-sum path over all slots (Viterbi)."""
+    return _viterbi(scores, [1.0] * scores.candidate_ids.shape[1])
+
+
+def discounted_path(scores: Scores, gamma: float = DEFAULT_GAMMA) -> Tensor:
+    """The path maximising L[0, k_0] + sum_p gamma^(p+1) S[p, k_p, k_{p+1}].
+
+    A later slot only counts if every earlier one is accepted, so its score weighs less."""
+    return _viterbi(scores, [gamma**p for p in range(scores.candidate_ids.shape[1])])
+
+
+def _viterbi(scores: Scores, weights: list[float]) -> Tensor:
+    """The path maximising weights[0] L[0, k_0] + sum_p weights[p+1] S[p, k_p, k_{p+1}]."""
+    transitions = scores.transitions  # [batch, slots - 1, K, K]
+    best = weights[0] * scores.candidate_logits[:, 0]  # [batch, K]: best path ending at each
+    came_from = []
+    for p in range(transitions.shape[1]):
+        # [batch, K (at p), K (at p + 1)]: each path to a at p, extended by a -> b
+        extended = best[:, :, None] + weights[p + 1] * transitions[:, p]
+        best, previous = extended.max(dim=1)  # [batch, K]
+        came_from.append(previous)
+    index = best.argmax(dim=-1)  # [batch]
+    path = [index]
+    for previous in reversed(came_from):
+        index = previous.gather(1, index[:, None]).squeeze(1)
+        path.append(index)
+    return torch.stack(path[::-1], dim=1)
+
+
+SELECTION_RULES: dict[str, Callable[[Scores], Tensor]] = {
+    "top1": top1,
+    "greedy": greedy,
+    "global": best_path,
+    "discounted": discounted_path,
+}
