@@ -38,6 +38,7 @@ class DFlashProposer:
         to the slots this cycle may propose."""
         if context.new_features is None:
             raise ValueError(f"the {self.name} proposer needs the target's tapped features")
-        logits, hidden = self.drafter.draft(context.tokens[-1:], context.new_features, self.cache)
         limit = min(self.num_draft_tokens, context.max_slots)
-        return logits[:, :limit], hidden[:, :limit]
+        return self.drafter.draft(
+            context.tokens[-1:], context.new_features, self.cache, num_slots=limit
+        )

@@ -303,6 +303,7 @@ class BlockDrafter(nn.Module):
         anchor: Tensor,  # [batch] the last committed token, at position s
         new_features: Tensor,  # [batch, tokens, taps * hidden]: taps at positions c .. s - 1
         cache: DynamicCache,  # context K/V of positions 0 .. c - 1
+        num_slots: int | None = None,  # head only the first slots (the rest would go unused)
     ) -> tuple[Tensor, Tensor]:
         """Draft the block after `anchor`: fp32 logits [batch, slots, vocab] and hidden states
         [batch, slots, hidden] for the mask slots (positions s + 1 .. s + block_size - 1).
@@ -322,5 +323,7 @@ class BlockDrafter(nn.Module):
             block_embeds, new_features, context_positions, block_positions, cache=cache
         )
         crop_cache(cache, anchor_pos)
-        hidden = hidden[:, 1:]  # [batch, slots, hidden]: slot 0 is the anchor itself
+        # [batch, slots, hidden]: slot 0 is the anchor itself. The 49k-row head is the largest
+        # cost of a draft, so it runs on the slots the caller will propose only.
+        hidden = hidden[:, 1 : 1 + num_slots if num_slots else None]
         return self.logits(hidden).float(), hidden
