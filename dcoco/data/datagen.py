@@ -32,7 +32,7 @@ class DatagenConfig:
     prompts: str = ""  # JSONL of {id, turns: [user, ...], category?, source?}
     out: str = "runs/corpus"  # corpus directory (part-*.jsonl); reruns resume into it
     target: str = DEFAULT_TARGET
-    dtype: str = "auto"
+    dtype: str = "bf16"
     device: str = ""
     threads: int = 0
     batch_size: int = 16

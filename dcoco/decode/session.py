@@ -17,7 +17,7 @@ from dcoco.models.target import TargetModel
 @dataclass
 class DecodeConfig:
     target: str = DEFAULT_TARGET  # embedded name or HF model directory
-    dtype: str = "auto"  # auto | bf16 | fp32; auto = bf16 where the hardware has it natively
+    dtype: str = "bf16"  # bf16 | fp32 (fp32 for exactness checks)
     device: str = ""  # empty = CUDA when present, else CPU
     threads: int = 0  # CPU threads for torch; 0 = torch's default
     max_new_tokens: int = 256

@@ -54,23 +54,9 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def cpu_has_native_bf16() -> bool:
-    """AVX-512 BF16 or AMX: without them (plain AVX2) bf16 matmuls are emulated and several times
-    slower than fp32, so `auto` picks fp32 there."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto` = bf16 on CUDA and on CPUs with native bf16, else fp32."""
-    if name == "auto":
-        native = device.type == "cuda" or (device.type == "cpu" and cpu_has_native_bf16())
-        return torch.bfloat16 if native else torch.float32
+def resolve_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
-        raise DcocoError(f"unknown dtype '{name}': choose one of auto, {', '.join(DTYPES)}")
+        raise DcocoError(f"unknown dtype '{name}': choose one of {', '.join(DTYPES)}")
     return DTYPES[name]
 
 
@@ -88,14 +74,19 @@ def resolve_target(spec: str) -> Path:
     )
 
 
-def load_target(spec: str = DEFAULT_TARGET, dtype: str = "auto", device: str | None = None):
-    """Load `spec` as a TargetModel on `device` (CUDA when present, else CPU)."""
+def load_target(spec: str = DEFAULT_TARGET, dtype: str = "bf16", device: str | None = None):
+    """Load `spec` as a TargetModel on `device` (CUDA when present, else CPU).
+
+    bf16 is the decoding default: a batch-1 step is memory-bound, and bf16 halves the bytes even
+    where matmuls are emulated (AVX2 CPUs), while fp32 is the dtype for exactness checks. Training,
+    which is compute-bound, prefers fp32 on CPUs without native bf16 (see `train-drafter`).
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a per-tensor bar on every load is noise in the CLI
     torch_device = torch.device(device) if device else default_device()
-    torch_dtype = resolve_dtype(dtype, torch_device)
+    torch_dtype = resolve_dtype(dtype)
     path = resolve_target(spec)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
