@@ -46,7 +46,7 @@ def test_shipped_drafter_greedy_equals_plain_and_is_accepted(smollm2):
         dflash = Engine(smollm2, proposer).generate(prompt, 48)
         assert dflash.new_ids == plain.new_ids, text
         taus.append(dflash.stats.tau)
-    assert sum(taus) / len(taus) > 1.2, taus  # a trained drafter, not a random one
+    assert sum(taus) / len(taus) > 1.05, taus  # trained: a random drafter gives 1.00
 
 
 def test_drafter_for_another_target_is_refused(smollm2, tmp_path, capsys):
