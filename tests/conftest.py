@@ -58,3 +58,12 @@ def tiny_target(request) -> TargetModel:
 def tiny_llama_target() -> TargetModel:
     """The tiny Llama target alone (drafter tests): vocab 128, hidden 64, 4 layers, fp32."""
     return make_tiny_target("llama")
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny matmuls on a shared 2-core machine run faster without thread hand-offs."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

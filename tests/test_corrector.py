@@ -26,12 +26,7 @@ ABLATIONS = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matmuls: thread hand-offs cost more than they bring
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_corrector(seed: int = 0, **flags) -> Corrector:

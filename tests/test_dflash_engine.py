@@ -16,12 +16,7 @@ from dcoco.train.drafter_train import DrafterTrainConfig, train
 TAPS = (0, 1, 3)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matmuls: thread hand-offs cost more than they bring
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def prompts(count: int) -> list[list[int]]:

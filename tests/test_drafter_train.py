@@ -14,14 +14,7 @@ from dcoco.models.drafter_io import load_drafter
 from dcoco.train import drafter_train
 from dcoco.train.drafter_train import DrafterTrainConfig, train
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matmuls on a shared 2-core machine run far faster without thread hand-offs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def cyclic_corpus(count: int = 24) -> list[Sample]:
