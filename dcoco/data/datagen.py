@@ -22,6 +22,7 @@ import torch
 from tqdm import tqdm
 
 from dcoco.config import add_config_args, config_from_args
+from dcoco.data.jsonl import iter_jsonl
 from dcoco.errors import DcocoError
 from dcoco.models.loading import DEFAULT_TARGET, load_target
 from dcoco.models.target import TargetModel
@@ -61,18 +62,12 @@ def run(args) -> int:
 
 
 def read_prompts(path: str) -> list[dict]:
-    file = Path(path)
-    if not path or not file.is_file():
-        raise DcocoError(f"prompts file not found: '{path}' (pass --prompts FILE.jsonl)")
     records = []
-    for number, line in enumerate(file.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
+    for where, record in iter_jsonl(path):
         try:
-            record = json.loads(line)
             records.append({**record, "id": str(record["id"]), "user": record["turns"][0]})
-        except (json.JSONDecodeError, KeyError, IndexError, TypeError) as error:
-            raise DcocoError(f"{path}:{number}: expected JSON with `id` and `turns`") from error
+        except (KeyError, IndexError, TypeError) as error:
+            raise DcocoError(f"{where}: expected JSON with `id` and `turns`") from error
     return records
 
 

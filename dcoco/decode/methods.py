@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from dcoco import REPO_ROOT
 from dcoco.decode.proposers import PromptLookupProposer, Proposer
 from dcoco.errors import DcocoError
 from dcoco.models.target import TargetModel
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 SHIPPED_CHECKPOINTS = REPO_ROOT / "checkpoints"
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dcoco.config import add_config_args, config_from_args
+from dcoco.data.jsonl import iter_jsonl
 from dcoco.decode.methods import check_method
 from dcoco.decode.session import DecodeConfig, make_engine, open_target
 from dcoco.errors import DcocoError
@@ -55,20 +56,12 @@ def load_prompts(path: str, limit: int) -> list[str]:
     if not path:
         prompts = list(BUILTIN_PROMPTS)
     else:
-        file = Path(path)
-        if not file.is_file():
-            raise DcocoError(f"prompts file not found: {path}")
         prompts = []
-        for number, line in enumerate(file.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
+        for where, record in iter_jsonl(path):
             try:
-                record = json.loads(line)
                 prompts.append(record["turns"][0] if "turns" in record else record["prompt"])
-            except (json.JSONDecodeError, KeyError, IndexError, TypeError) as error:
-                raise DcocoError(
-                    f"{path}:{number}: expected JSON with `turns` or `prompt`"
-                ) from error
+            except (KeyError, IndexError, TypeError) as error:
+                raise DcocoError(f"{where}: expected JSON with `turns` or `prompt`") from error
     return prompts[:limit] if limit > 0 else prompts
 
 

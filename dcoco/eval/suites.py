@@ -13,6 +13,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from dcoco import REPO_ROOT
 from dcoco.errors import DcocoError
 
 SUITES = (
@@ -52,7 +53,7 @@ class Prompt:
 
 def default_data_dir() -> Path:
     """`shared/data` beside the repository checkout."""
-    return Path(__file__).resolve().parents[2].parent / "shared" / "data"
+    return REPO_ROOT.parent / "shared" / "data"
 
 
 def apply_template(suite: str, text: str) -> str:

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm import tqdm
 
+from dcoco import REPO_ROOT
 from dcoco.config import add_config_args, config_from_args
 from dcoco.data.distill import Sample, load_corpus, split_heldout
 from dcoco.errors import DcocoError
@@ -40,7 +41,7 @@ from dcoco.train.blocks import (
     sample_anchors,
     slot_weights,
 )
-from dcoco.train.run_dir import REPO_ROOT, RunDir, provenance
+from dcoco.train.run_dir import RunDir, provenance
 from dcoco.train.target_features import TargetFeatures
 
 # The shared corpus sits beside the checkout (resolved from the package, not the cwd).

@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 
 import dcoco
+from dcoco import REPO_ROOT
 from dcoco.errors import DcocoError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 LOG_FILE = "train_log.jsonl"
 CKPT_FILE = Path("ckpt") / "state.pt"
 
