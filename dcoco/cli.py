@@ -15,14 +15,18 @@ from dcoco.errors import DcocoError
 
 @dataclass
 class GenerateConfig(DecodeConfig):
-    method: str = "plain"  # plain | pld | dflash
+    method: str = "plain"  # METHOD[:SELECTION][@CHECKPOINT], see dcoco.decode.methods
     json: bool = False  # print one JSON object instead of streaming text
 
 
 def _add_generate(subparsers) -> None:
     parser = subparsers.add_parser("generate", help="generate a reply to one prompt")
     parser.add_argument("prompt", help="the user message (the chat template is applied)")
-    add_config_args(parser, GenerateConfig, {"method": f"one of {', '.join(method_names())}"})
+    add_config_args(
+        parser,
+        GenerateConfig,
+        {"method": f"METHOD[:SELECTION][@CHECKPOINT]; METHOD: {', '.join(method_names())}"},
+    )
     parser.set_defaults(handler=_run_generate)
 
 
@@ -81,8 +85,9 @@ class _Streamer:
 
 def build_parser() -> argparse.ArgumentParser:
     from dcoco.data import datagen
-    from dcoco.eval import bench, compare, report
-    from dcoco.train import drafter_train
+    from dcoco.eval import bench, compare, coverage, report
+    from dcoco.serving import bench_client, serve
+    from dcoco.train import drafter_train, head_train
 
     parser = argparse.ArgumentParser(
         prog="dcoco", description="Speculative decoding with corrected parallel drafts."
@@ -92,8 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_parser(subparsers)
     bench.add_parser(subparsers)
     report.add_parser(subparsers)
+    coverage.add_parser(subparsers)
     drafter_train.add_parser(subparsers)
+    head_train.add_parser(subparsers)
     datagen.add_parser(subparsers)
+    serve.add_parser(subparsers)
+    bench_client.add_parser(subparsers)
     return parser
 
 

@@ -49,6 +49,8 @@ class Proposal:
     # [batch, slots, vocab] the proposer's own distribution q, or None for a deterministic
     # proposal (a point mass on each draft token).
     draft_probs: Tensor | None = None
+    # seconds of the proposal spent correcting/selecting after the drafter's pass (a draft head)
+    correct_s: float = 0.0
 
     @property
     def num_slots(self) -> int:

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dcoco.decode.dcoco_proposer import DcocoProposer
 from dcoco.decode.dflash_proposer import DFlashProposer
 from dcoco.decode.engine import Engine
+from dcoco.decode.head_proposer import HeadProposer
 from dcoco.decode.selection import SELECTION_RULES, selected_token_ids
 from dcoco.errors import DcocoError
 from dcoco.models.corrector import Corrector, CorrectorConfig
@@ -142,7 +142,7 @@ def test_untrained_dcoco_proposer_drafts_like_dflash(tiny_target):
         prompt = torch.randint(5, 128, (8,), generator=generator).tolist()
         plain = Engine(tiny_target).generate(prompt, 24)
         dflash = RecordingProposer(DFlashProposer(drafter))
-        dcoco = RecordingProposer(DcocoProposer(drafter, corrector, selection="greedy"))
+        dcoco = RecordingProposer(HeadProposer(drafter, corrector))
         assert Engine(tiny_target, dcoco).generate(prompt, 24).new_ids == plain.new_ids
         Engine(tiny_target, dflash).generate(prompt, 24)
         assert dcoco.drafts == dflash.drafts
@@ -157,6 +157,6 @@ def test_dcoco_proposer_rejects_a_bad_setup(tiny_llama_target):
     fits = Corrector(CorrectorConfig(config.hidden_size, top_k=8), target.embed_tokens)
     too_wide = Corrector(CorrectorConfig(config.hidden_size, top_k=200), target.embed_tokens)
     with pytest.raises(DcocoError, match="unknown selection"):
-        DcocoProposer(drafter, fits, selection="beam")
+        fits.selection = "beam"
     with pytest.raises(DcocoError, match="top-k"):
-        DcocoProposer(drafter, too_wide)
+        HeadProposer(drafter, too_wide)

@@ -11,7 +11,7 @@ from dcoco.config import config_from_args
 from dcoco.data.distill import Sample
 from dcoco.errors import DcocoError
 from dcoco.models.drafter_io import load_drafter
-from dcoco.train import drafter_train
+from dcoco.train import drafter_train, loop
 from dcoco.train.drafter_train import DrafterTrainConfig, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -60,7 +60,7 @@ def test_interrupted_run_resumes_to_the_same_weights(tiny_llama_target, tmp_path
         target=tiny_llama_target, samples=samples, progress_bar=False,
     )  # fmt: skip
 
-    real_batch_at = drafter_train._batch_at
+    real_batch_at = loop._batch_at
 
     def interrupt_at_step_4(samples, step, batch_size, seed):
         if step == 4:
@@ -68,10 +68,10 @@ def test_interrupted_run_resumes_to_the_same_weights(tiny_llama_target, tmp_path
         return real_batch_at(samples, step, batch_size, seed)
 
     config = tiny_config(tmp_path / "resumed", max_steps=6, save_every=3)
-    monkeypatch.setattr(drafter_train, "_batch_at", interrupt_at_step_4)
+    monkeypatch.setattr(loop, "_batch_at", interrupt_at_step_4)
     with pytest.raises(KeyboardInterrupt):
         train(config, target=tiny_llama_target, samples=samples, progress_bar=False)
-    monkeypatch.setattr(drafter_train, "_batch_at", real_batch_at)
+    monkeypatch.setattr(loop, "_batch_at", real_batch_at)
     resumed = train(config, target=tiny_llama_target, samples=samples, progress_bar=False)
 
     assert resumed["steps"] == 6 and resumed["tokens"] == straight["tokens"]

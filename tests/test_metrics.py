@@ -23,7 +23,8 @@ def make_record(
     for slots, accepted in cycles:
         stats.record_cycle(slots, accepted)
     stats.new_tokens = 1 + sum(accepted + 1 for _, accepted in cycles)  # prefill gives one
-    stats.prefill_s, stats.draft_s, stats.verify_s = 0.1 * seconds, 0.2 * seconds, 0.6 * seconds
+    stats.prefill_s, stats.draft_s, stats.verify_s = 0.1 * seconds, 0.2 * seconds, 0.5 * seconds
+    stats.correct_s = 0.1 * seconds
     stats.total_s = seconds
     record = {
         "method": method,
@@ -73,7 +74,8 @@ def test_per_position_handles_ragged_slot_counts():
 
 def test_cycle_split_shares_sum_to_one():
     split = metrics.cycle_split([make_record([(4, 1)] * 4, seconds=2.0)])
-    assert split["draft"] + split["verify"] + split["other"] == pytest.approx(1.0)
+    assert sum(split[part] for part in metrics.CYCLE_PARTS) == pytest.approx(1.0)
+    assert split["correct"] == pytest.approx(0.1 / 0.9, rel=1e-3)
     assert split["cycle_ms"] == pytest.approx(1000 * 1.8 / 4, rel=1e-3)
 
 

@@ -77,7 +77,8 @@ class Engine:
             max_slots = min(budget - len(new_ids) - 1, target.max_context - tokens.shape[0])
             tick = time.perf_counter()
             proposal = self._propose(tokens, new_features, max_slots)
-            stats.draft_s += _elapsed(tick, device)
+            stats.draft_s += _elapsed(tick, device) - proposal.correct_s
+            stats.correct_s += proposal.correct_s
             # taps the proposer did not read this cycle must reach it next cycle
             skipped_features = new_features if proposer is None or max_slots <= 0 else None
 
@@ -111,6 +112,7 @@ class Engine:
                 draft_probs=None
                 if proposal.draft_probs is None
                 else proposal.draft_probs[:, :max_slots],
+                correct_s=proposal.correct_s,
             )
         return proposal
 

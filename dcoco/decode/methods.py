@@ -1,4 +1,12 @@
-"""Decoding methods by name: each maps to a proposer for the one engine (`plain` has none)."""
+"""Decoding methods by name: each maps to a proposer for the one engine (`plain` has none).
+
+A method spec is `METHOD[:SELECTION][@CHECKPOINT]`:
+- METHOD: plain | pld | dflash | dcoco | dspark | domino;
+- SELECTION (dcoco only): the corrector's selection rule, greedy | global | discounted | top1;
+- CHECKPOINT (drafter methods): a checkpoint directory, or the name of one shipped under
+  `checkpoints/<target>/`; by default the one named like the method.
+The whole spec names the method in reports, so `dcoco@dcoco-dropin` and `dcoco` sit side by side.
+"""
 
 from __future__ import annotations
 
@@ -11,44 +19,94 @@ from dcoco.errors import DcocoError
 from dcoco.models.target import TargetModel
 
 SHIPPED_CHECKPOINTS = REPO_ROOT / "checkpoints"
+DRAFTER_METHODS = ("dflash", "dcoco", "dspark", "domino")
 
 
 @dataclass
 class MethodOptions:
     num_draft_tokens: int = 0  # 0 = the method's default (pld: 8; drafters: block_size - 1)
-    drafter: str = ""  # drafter checkpoint dir; empty = the one shipped for the target
+    drafter: str = ""  # checkpoint dir for drafter methods whose spec names none
+    selection: str = "greedy"  # dcoco's selection rule when the spec names none
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    method: str
+    selection: str | None = None
+    checkpoint: str | None = None
 
 
 def method_names() -> tuple[str, ...]:
-    return ("plain", "pld", "dflash")
+    return ("plain", "pld", *DRAFTER_METHODS)
 
 
-def check_method(method: str) -> str:
+def parse_method(spec: str) -> MethodSpec:
+    """Parse `METHOD[:SELECTION][@CHECKPOINT]`, with a clear error for anything else."""
+    from dcoco.decode.selection import SELECTION_RULES
+
+    head, _, checkpoint = spec.strip().partition("@")
+    method, _, selection = head.partition(":")
     if method not in method_names():
         raise DcocoError(f"unknown method '{method}': choose one of {', '.join(method_names())}")
-    return method
+    if selection and method != "dcoco":
+        raise DcocoError(f"'{spec}': only dcoco takes a selection rule (dcoco:greedy)")
+    if selection and selection not in SELECTION_RULES:
+        raise DcocoError(
+            f"'{spec}': unknown selection '{selection}': choose one of {', '.join(SELECTION_RULES)}"
+        )
+    if checkpoint and method not in DRAFTER_METHODS:
+        raise DcocoError(f"'{spec}': {method} takes no checkpoint")
+    return MethodSpec(method, selection or None, checkpoint or None)
+
+
+def check_method(spec: str) -> str:
+    parse_method(spec)
+    return spec.strip()
 
 
 def default_drafter_dir(target: TargetModel, kind: str = "dflash") -> Path:
     return SHIPPED_CHECKPOINTS / target.name / kind
 
 
-def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> Proposer | None:
-    check_method(method)
-    if method == "plain":
-        return None
-    if method == "pld":
-        return PromptLookupProposer(num_draft_tokens=options.num_draft_tokens or 8)
-    if method == "dflash":
-        from dcoco.decode.dflash_proposer import DFlashProposer
-        from dcoco.models.drafter_io import load_drafter
+def checkpoint_dir(spec: MethodSpec, target: TargetModel, options: MethodOptions) -> Path:
+    """Where a drafter method's checkpoint is: a path, a shipped name, or the default."""
+    if spec.checkpoint:
+        path = Path(spec.checkpoint)
+        shipped = default_drafter_dir(target, spec.checkpoint)
+        return path if path.exists() or not shipped.exists() else shipped
+    if options.drafter:
+        return Path(options.drafter)
+    return default_drafter_dir(target, spec.method)
 
-        path = Path(options.drafter) if options.drafter else default_drafter_dir(target)
-        if not path.exists():
-            raise DcocoError(
-                f"no drafter checkpoint at {path}: pass --drafter DIR (train one with "
-                "`dcoco train-drafter`)"
-            )
-        drafter = load_drafter(path, target)
-        return DFlashProposer(drafter, num_draft_tokens=options.num_draft_tokens or None)
-    raise AssertionError(f"method '{method}' is listed but not built")
+
+def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> Proposer | None:
+    spec = parse_method(method)
+    if spec.method == "plain":
+        return None
+    if spec.method == "pld":
+        return PromptLookupProposer(num_draft_tokens=options.num_draft_tokens or 8)
+    from dcoco.decode.dflash_proposer import DFlashProposer
+    from dcoco.decode.head_proposer import HeadProposer
+    from dcoco.models.drafter_io import load_drafter
+    from dcoco.models.head_io import head_kind_of, load_head
+
+    path = checkpoint_dir(spec, target, options)
+    if not path.exists():
+        raise DcocoError(
+            f"no checkpoint for {method} at {path}: pass METHOD@DIR or --drafter DIR (train one "
+            "with `dcoco train-drafter` / `dcoco train-corrector`)"
+        )
+    drafter = load_drafter(path, target)
+    num_draft_tokens = options.num_draft_tokens or None
+    if spec.method == "dflash":
+        return DFlashProposer(drafter, num_draft_tokens=num_draft_tokens)
+    kind = head_kind_of(path)
+    if kind != spec.method:
+        raise DcocoError(
+            f"{path} carries {'no draft head' if kind is None else f'a {kind} head'}, not the "
+            f"{spec.method} head that '{method}' needs"
+        )
+    head = load_head(path, target, drafter)
+    if spec.method == "dcoco":
+        head.selection = spec.selection or options.selection
+    return HeadProposer(drafter, head, num_draft_tokens=num_draft_tokens, name=method)

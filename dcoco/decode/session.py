@@ -28,12 +28,15 @@ class DecodeConfig:
     chat: bool = True  # apply the target's chat template
     num_draft_tokens: int = 0  # 0 = the method's default
     drafter: str = ""  # drafter checkpoint; empty = the one shipped for the target
+    selection: str = "greedy"  # dcoco's selection rule: greedy | global | discounted | top1
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
 
     def method_options(self) -> MethodOptions:
-        return MethodOptions(num_draft_tokens=self.num_draft_tokens, drafter=self.drafter)
+        return MethodOptions(
+            num_draft_tokens=self.num_draft_tokens, drafter=self.drafter, selection=self.selection
+        )
 
 
 def open_target(config: DecodeConfig) -> TargetModel:

@@ -18,7 +18,8 @@ class RequestStats:
     reached_per_slot: list[int] = field(default_factory=list)  # ... with all earlier accepted
     accepted_per_slot: list[int] = field(default_factory=list)  # ... and accepted itself
     prefill_s: float = 0.0
-    draft_s: float = 0.0
+    draft_s: float = 0.0  # the drafter's pass
+    correct_s: float = 0.0  # a draft head's correction/selection after that pass
     verify_s: float = 0.0
     total_s: float = 0.0
 
@@ -45,7 +46,8 @@ class RequestStats:
     @property
     def other_s(self) -> float:
         """Host work: sampling, bookkeeping, detokenising callbacks."""
-        return max(0.0, self.total_s - self.prefill_s - self.draft_s - self.verify_s)
+        spent = self.prefill_s + self.draft_s + self.correct_s + self.verify_s
+        return max(0.0, self.total_s - spent)
 
     @property
     def decode_s(self) -> float:
@@ -85,6 +87,7 @@ class RequestStats:
             "time_s": {
                 "prefill": round(self.prefill_s, 4),
                 "draft": round(self.draft_s, 4),
+                "correct": round(self.correct_s, 4),
                 "verify": round(self.verify_s, 4),
                 "other": round(self.other_s, 4),
                 "total": round(self.total_s, 4),

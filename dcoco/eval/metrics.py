@@ -9,7 +9,8 @@ reports it). Definitions (report.md explains them to its readers too):
 * speedup: baseline time per token / method time per token, over the prompts both ran.
 * match rate: at T = 0, the share of samples whose tokens equal the baseline's exactly.
 * per-position acceptance: P(slot i accepted | slots < i accepted), Σ accepted_i / Σ reached_i.
-* cycle split: draft / verify / other (host) seconds over decode seconds (prefill excluded).
+* cycle split: draft / correct / verify / other (host) seconds over decode seconds (prefill
+  excluded); `correct` is a draft head's time after the drafter's pass.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Iterable
 from dcoco.eval.suites import CATEGORIES
 
 BASELINE = "plain"
-CYCLE_PARTS = ("draft", "verify", "other")
+CYCLE_PARTS = ("draft", "correct", "verify", "other")
 
 MatchKey = tuple[str, str, int]  # suite, id, turn: the same prompt across methods
 
@@ -78,10 +79,12 @@ def per_position(records: list[dict]) -> tuple[list[float | None], list[int]]:
 
 
 def cycle_split(records: list[dict]) -> dict[str, float]:
-    """Milliseconds per cycle, and the share of decode time, of draft / verify / other."""
+    """Milliseconds per cycle, and the share of decode time, of draft / correct / verify /
+    other."""
     cycles = sum(record["cycles"] for record in records)
-    seconds = {part: sum(r["time_s"][part] for r in records) for part in CYCLE_PARTS}
-    decode = sum(seconds.values())  # the three parts make up all of the decode time
+    # records written before the correct stage was timed count it as 0
+    seconds = {part: sum(r["time_s"].get(part, 0.0) for r in records) for part in CYCLE_PARTS}
+    decode = sum(seconds.values())  # the parts make up all of the decode time
     ms_per_cycle = 1000 / cycles if cycles else 0.0
     split = {"cycle_ms": decode * ms_per_cycle}
     for part, value in seconds.items():

@@ -32,8 +32,10 @@ DEFINITIONS = """\
   batch shapes), not a different output distribution; fp32 should give 100%.
 * **per-position acceptance**: for draft slot i, P(slot i accepted | slots 1..i-1 accepted),
   pooled as Σ accepted_i / Σ reached_i over every cycle of every sample.
-* **cycle split**: decode time (prefill excluded) per cycle, split into draft (proposer),
-  verify (target forward + acceptance test) and other (sampling, bookkeeping on the host).
+* **cycle split**: decode time (prefill excluded) per cycle, split into draft (the proposer's
+  drafter pass), correct (a draft head's correction/selection after it: the DCOCO corrector's
+  one batched op, or a sequential head's slot-by-slot loop), verify (target forward + acceptance
+  test) and other (sampling, bookkeeping on the host).
 * **tok/s**: Σ new tokens / Σ request seconds (prefill + decode).
 """
 

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dcoco.errors import DcocoError
+from dcoco.models.heads import HeadBatch, HeadLoss
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,11 @@ class Scores:
 class Corrector(nn.Module):
     """Transition scores over the drafter's top-K candidates. `embed_tokens` is the target's."""
 
+    kind = "dcoco"
+
     def __init__(self, config: CorrectorConfig, embed_tokens: nn.Embedding):
         super().__init__()
+        self.selection = "greedy"
         if embed_tokens.embedding_dim != config.hidden_size:
             raise DcocoError(
                 f"corrector hidden size {config.hidden_size} does not match the embedding size "
@@ -86,6 +90,22 @@ class Corrector(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.delta_in.weight.dtype
 
+    @property
+    def selection(self) -> str:
+        """How `select` walks the scores (dcoco.decode.selection): a decoding choice, not a
+        weight, so it is not in the checkpoint."""
+        return self._selection
+
+    @selection.setter
+    def selection(self, rule: str) -> None:
+        from dcoco.decode.selection import SELECTION_RULES
+
+        if rule not in SELECTION_RULES:
+            raise DcocoError(
+                f"unknown selection '{rule}': choose one of {', '.join(SELECTION_RULES)}"
+            )
+        self._selection = rule
+
     def candidate_repr(self, hidden: Tensor, candidate_ids: Tensor) -> Tensor:
         """z [batch, slots, K, mlp_hidden] from hidden [batch, slots, hidden] and candidate ids
         [batch, slots, K]."""
@@ -109,6 +129,10 @@ class Corrector(nn.Module):
         vocab]. Needs slots >= 1 and K <= vocab."""
         # Sorted, so index 0 at each slot is the drafter's own argmax token.
         candidate_logits, candidate_ids = logits.float().topk(self.config.top_k, dim=-1)
+        return self.score(hidden, candidate_logits, candidate_ids)
+
+    def score(self, hidden: Tensor, candidate_logits: Tensor, candidate_ids: Tensor) -> Scores:
+        """Scores of given candidates: ids and fp32 logits [batch, slots, K], sorted descending."""
         z = self.candidate_repr(hidden, candidate_ids)  # [batch, slots, K, mlp_hidden]
         # [batch, slots, K, mlp_hidden + 1]: what delta reads of one candidate
         candidates = torch.cat([z, candidate_logits[..., None].to(self.dtype)], dim=-1)
@@ -126,3 +150,45 @@ class Corrector(nn.Module):
         # logits into ties.
         transitions = candidate_logits[:, 1:, None, :] + delta.float()
         return Scores(candidate_ids, candidate_logits, transitions)
+
+    def select(self, hidden: Tensor, logits: Tensor, anchor_ids: Tensor) -> Tensor:
+        """Draft token ids [batch, slots] by the selection rule `self.selection`."""
+        from dcoco.decode.selection import SELECTION_RULES, selected_token_ids
+
+        scores = self(hidden, logits)
+        return selected_token_ids(scores, SELECTION_RULES[self.selection](scores))
+
+    def training_loss(self, batch: HeadBatch) -> HeadLoss:
+        """Cross-entropy over the K x K transitions of each adjacent slot pair, labelled with the
+        target's own token pair; a pair whose labels are not both among the candidates is masked.
+        Pair (p, p + 1) weighs exp(-p / gamma), like its first slot."""
+        top_k = self.config.top_k
+        candidate_logits, columns = batch.logits.float().topk(top_k, dim=-1)  # [blocks, slots, K]
+        candidate_ids = columns if batch.vocab_ids is None else batch.vocab_ids[columns]
+        scores = self.score(batch.hidden, candidate_logits, candidate_ids)
+        hit = candidate_ids == batch.label_ids[..., None]  # [blocks, slots, K]
+        present = hit.any(dim=-1)  # [blocks, slots]
+        where = hit.long().argmax(dim=-1)  # [blocks, slots]: the label's candidate index
+        valid = present[:, :-1] & present[:, 1:]  # [blocks, slots - 1]
+        pair_target = where[:, :-1] * top_k + where[:, 1:]
+        ce = F.cross_entropy(
+            scores.transitions.flatten(2).flatten(0, 1),  # [blocks * (slots - 1), K * K]
+            pair_target.flatten(),
+            reduction="none",
+        ).view_as(valid)
+        pair_weights = batch.slot_weights[:-1].to(ce.dtype)  # [slots - 1]
+        weighted = (ce * pair_weights * valid).sum()
+        # The prefix-first walk, teacher-forced: slot 0 is the drafter's top-1; slot p + 1 is the
+        # best successor of the label at p (a walk that reached p chose the label there).
+        rows = scores.transitions.gather(
+            2, where[:, :-1, None, None].expand(-1, -1, 1, top_k)
+        ).squeeze(2)  # [blocks, slots - 1, K]: S[p, label_p, :]
+        successor = candidate_ids[:, 1:].gather(-1, rows.argmax(dim=-1, keepdim=True)).squeeze(-1)
+        correct = torch.cat(
+            [
+                candidate_ids[:, :1, 0] == batch.label_ids[:, :1],
+                present[:, :-1] & (successor == batch.label_ids[:, 1:]),
+            ],
+            dim=1,
+        )
+        return HeadLoss(weighted_loss=weighted, correct=correct)

@@ -20,6 +20,14 @@ from dcoco.models.drafter import BlockDrafter, DrafterConfig, check_compatible
 
 FORMAT_VERSION = 1
 ARCHITECTURE = "DFlashDraftModel"
+# A drafter that carries a draft head (dcoco.models.head_io) names the head's architecture instead;
+# vLLM only treats names starting with "DFlash" as DFlash drafters.
+HEAD_ARCHITECTURES = {
+    "dcoco": "DFlashDcocoDraftModel",
+    "dspark": "DFlashDSparkDraftModel",
+    "domino": "DFlashDominoDraftModel",
+}
+HEAD_PREFIX = "head."
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 
@@ -67,7 +75,8 @@ def config_to_hf(config: DrafterConfig, target_info, extra: dict | None = None) 
 
 def config_from_hf(hf: dict, where: str = CONFIG_FILE) -> DrafterConfig:
     """Read a DFlash config.json dict (ours or another DFlash checkpoint's)."""
-    if ARCHITECTURE not in (hf.get("architectures") or []) or "dflash_config" not in hf:
+    known = {ARCHITECTURE, *HEAD_ARCHITECTURES.values()}
+    if not known & set(hf.get("architectures") or []) or "dflash_config" not in hf:
         raise DcocoError(f"{where} is not a DFlash drafter config (architectures/dflash_config)")
     rope = hf.get("rope_parameters") or {}
     try:
@@ -129,29 +138,42 @@ def read_drafter_config(path: str | Path) -> tuple[DrafterConfig, dict]:
     return config_from_hf(hf, str(config_path)), hf
 
 
-def load_drafter(path: str | Path, target, dtype: torch.dtype | None = None) -> BlockDrafter:
-    """Load the drafter in `path` for `target` (a TargetModel), in `dtype` (default: the
-    target's), sharing the target's embedding and lm_head."""
+def read_weights(path: str | Path, config: DrafterConfig, hf: dict, target) -> dict:
+    """All tensors of checkpoint `path`, after checking that it fits `target`."""
     path = Path(path)
-    config, hf = read_drafter_config(path)
     stored = (hf.get("dcoco") or {}).get("target") or {}
     check_compatible(config, target.info, fingerprint=stored.get("fingerprint"))
     weights_path = path / WEIGHTS_FILE
     if not weights_path.is_file():
         raise DcocoError(f"drafter checkpoint {path} has no {WEIGHTS_FILE}")
     try:
-        weights = load_file(weights_path)
+        return load_file(weights_path)
     except (SafetensorError, OSError, ValueError) as error:
         raise DcocoError(f"{weights_path} is corrupt or truncated ({error})") from error
-    drafter = BlockDrafter(config, target.embed_tokens, target.lm_head)
-    expected = drafter.state_dict()
+
+
+def load_weights_strict(module: torch.nn.Module, weights: dict, where: Path) -> None:
+    """load_state_dict with an error that names what does not match."""
+    expected = module.state_dict()
     missing = sorted(set(expected) - set(weights))
     unexpected = sorted(set(weights) - set(expected))
     wrong = sorted(n for n in expected if n in weights and weights[n].shape != expected[n].shape)
     if missing or unexpected or wrong:
         raise DcocoError(
-            f"{weights_path} does not match its config: missing {missing[:4]}, unexpected "
+            f"{where} does not match its config: missing {missing[:4]}, unexpected "
             f"{unexpected[:4]}, wrong shape {wrong[:4]}"
         )
-    drafter.load_state_dict(weights)
+    module.load_state_dict(weights)
+
+
+def load_drafter(path: str | Path, target, dtype: torch.dtype | None = None) -> BlockDrafter:
+    """Load the drafter in `path` for `target` (a TargetModel), in `dtype` (default: the
+    target's), sharing the target's embedding and lm_head."""
+    path = Path(path)
+    config, hf = read_drafter_config(path)
+    weights = read_weights(path, config, hf, target)
+    # A draft head's weights share the file; dcoco.models.head_io loads them.
+    weights = {k: v for k, v in weights.items() if not k.startswith(HEAD_PREFIX)}
+    drafter = BlockDrafter(config, target.embed_tokens, target.lm_head)
+    load_weights_strict(drafter, weights, path / WEIGHTS_FILE)
     return drafter.to(device=target.device, dtype=dtype or target.dtype).eval()

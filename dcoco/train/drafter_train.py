@@ -1,48 +1,21 @@
 """`dcoco train-drafter`: train a DFlash block drafter on the target's own replies.
 
-Each step takes `batch_size` sequences, computes their target taps once (no grad), samples
-`anchors_per_seq` full blocks per sequence and trains on the decayed, same-position cross-entropy
-of the mask slots (dcoco/train/blocks.py holds the block rules). The drafter sees exactly the
-inference math: one BlockDrafter.forward, here with a block-diagonal mask.
-
-Sequences are run one at a time (no padding) with their gradients accumulated, so the loss is
-Sum w*CE / Sum w over the whole batch. Batch order and anchors are derived from (seed, step), so a
-run resumed from `<out>/ckpt/` continues exactly where it stopped.
+The loss is the decayed, same-position cross-entropy of the mask slots (dcoco/train/blocks.py
+holds the block rules; dcoco/train/loop.py the loop). The drafter sees exactly the inference math:
+one BlockDrafter.forward, here with a block-diagonal mask.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import math
 import sys
-import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from pathlib import Path
-
-import torch
-import torch.nn.functional as F
-from torch import Tensor
-from tqdm import tqdm
 
 from dcoco import REPO_ROOT
 from dcoco.config import add_config_args, config_from_args
-from dcoco.data.distill import Sample, load_corpus, split_heldout
+from dcoco.data.distill import Sample
 from dcoco.errors import DcocoError
-from dcoco.models.drafter import BlockDrafter, DrafterConfig, check_compatible
-from dcoco.models.drafter_io import save_drafter
-from dcoco.models.loading import DEFAULT_TARGET, load_target
-from dcoco.train.blocks import (
-    IGNORE,
-    acceptance_stats,
-    block_attention_mask,
-    block_inputs_and_labels,
-    sample_anchors,
-    slot_weights,
-)
-from dcoco.train.run_dir import RunDir, provenance
-from dcoco.train.target_features import TargetFeatures
+from dcoco.models.loading import DEFAULT_TARGET
+from dcoco.train.loop import run_training
 
 # The shared corpus sits beside the checkout (resolved from the package, not the cwd).
 DEFAULT_CORPUS = REPO_ROOT.parent / "shared" / "data" / "distill" / "smollm2-135m-instruct"
@@ -77,9 +50,19 @@ class DrafterTrainConfig:
     save_every: int = 50
     threads: int = 0
     feature_cache: str = ""
+    init: str = ""
+    loss_vocab: int = 0
+    anchor_chunk: int = 32
 
     def __post_init__(self) -> None:
-        positive = ["num_layers", "batch_size", "anchors_per_seq", "eval_every", "save_every"]
+        positive = [
+            "num_layers",
+            "batch_size",
+            "anchors_per_seq",
+            "eval_every",
+            "save_every",
+            "anchor_chunk",
+        ]
         bad = [name for name in positive if getattr(self, name) < 1]
         if bad or self.block_size < 2 or self.gamma <= 0 or self.lr <= 0:
             raise DcocoError(
@@ -112,22 +95,12 @@ HELPS = {
     "save_every": "steps between resumable checkpoints",
     "threads": "torch CPU threads; 0 = torch's default",
     "feature_cache": "directory to keep target features in (bf16); empty = recompute",
+    "init": "start from this drafter checkpoint (its shape overrides the shape flags)",
+    "loss_vocab": "train the loss over the N most frequent reply tokens of the corpus (a CPU "
+    "speed-up: the full head is most of a step); 0 = the full vocabulary. Evaluation and "
+    "decoding always use the full vocabulary",
+    "anchor_chunk": "blocks per drafter forward (attention cost grows with its square)",
 }
-
-
-@dataclass
-class _Progress:
-    step: int = 0
-    tokens: int = 0
-
-
-@dataclass
-class _Item:
-    """One sequence ready for the drafter."""
-
-    ids: Tensor  # [tokens] int64
-    features: Tensor  # [1, tokens, taps * hidden]
-    anchors: Tensor  # [n] int64
 
 
 def add_parser(subparsers) -> None:
@@ -161,236 +134,7 @@ def train(
 
     `target` (a TargetModel) and `samples` replace loading `config.target` and `config.corpus`.
     """
-    started = datetime.now(UTC).isoformat()
-    if config.threads > 0:
-        torch.set_num_threads(config.threads)
-    if target is None:
-        target = load_target(config.target, config.target_dtype, config.device or None)
-    if samples is None:
-        samples = load_corpus(config.corpus, config.max_records or None, config.max_seq_len)
-    # A response shorter than a block has no full block to train on.
-    samples = [s for s in samples if len(s.response_ids) >= config.block_size]
-    train_set, heldout = split_heldout(samples, config.heldout)
-    if not train_set:
-        raise DcocoError(f"no training record has a response of >= {config.block_size} tokens")
-    drafter_config = DrafterConfig.for_target(
-        target, config.num_layers, config.block_size, config.mask_token_id, config.taps or None
-    )
-    check_compatible(drafter_config, target.info)
-    torch.manual_seed(config.seed)
-    # fp32 master weights; autocast runs the math in bf16.
-    drafter = BlockDrafter(drafter_config, target.embed_tokens, target.lm_head).to(target.device)
-    total_steps = config.max_steps or config.epochs * math.ceil(len(train_set) / config.batch_size)
-    optimizer = torch.optim.AdamW(
-        drafter.parameters(), lr=config.lr, weight_decay=config.weight_decay
-    )
-    warmup = max(1, math.ceil(config.warmup_ratio * total_steps))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: _warmup_cosine(step, warmup, total_steps)
-    )
-    run_dir = RunDir(config.out)
-    progress = _resume(run_dir, drafter, optimizer, scheduler)
-    features = TargetFeatures(target, drafter_config.target_layer_ids, config.feature_cache)
-    weights = slot_weights(config.block_size, config.gamma).to(target.device)
-    autocast = torch.autocast(target.device.type, dtype=torch.bfloat16, enabled=config.autocast)
-    eval_generator = torch.Generator().manual_seed(config.seed)
-    eval_items = [_prepare(s, features, config, eval_generator) for s in heldout]
-
-    def evaluate(step: int) -> dict | None:
-        if not eval_items:
-            return None
-        metrics = _evaluate(drafter, eval_items, weights, autocast)
-        run_dir.log({"event": "eval", "step": step, **metrics})
-        return metrics
-
-    run_dir.log(
-        {
-            "event": "resume" if progress.step else "start",
-            "step": progress.step,
-            "total_steps": total_steps,
-            "train_records": len(train_set),
-            "heldout_records": len(eval_items),
-        }
-    )
-    initial = evaluate(0) if progress.step == 0 else None
-    bar = tqdm(total=total_steps, initial=progress.step, unit="step", disable=not progress_bar)
-    while progress.step < total_steps:
-        tick = time.perf_counter()
-        generator = torch.Generator().manual_seed(config.seed * 1_000_003 + progress.step)
-        batch = _batch_at(train_set, progress.step, config.batch_size, config.seed)
-        items = [_prepare(s, features, config, generator) for s in batch]
-        loss, accept = _train_step(drafter, items, weights, autocast, config.grad_clip)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        progress.step += 1
-        progress.tokens += sum(s.num_tokens for s in batch)
-        run_dir.log(
-            {
-                "event": "train",
-                "step": progress.step,
-                "loss": loss,
-                "accept": accept,
-                "lr": scheduler.get_last_lr()[0],
-                "tokens": progress.tokens,
-                "step_s": time.perf_counter() - tick,
-            }
-        )
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss:.3f}", tau=f"{accept:.2f}")
-        if progress.step % config.eval_every == 0 and progress.step < total_steps:
-            metrics = evaluate(progress.step)
-            if metrics:
-                bar.write(f"step {progress.step}: held-out tau {metrics['accept']:.3f}")
-        if progress.step % config.save_every == 0 or progress.step == total_steps:
-            run_dir.save_checkpoint(
-                {
-                    "model": drafter.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
-                    "step": progress.step,
-                    "tokens": progress.tokens,
-                    "rng": torch.get_rng_state(),
-                    "drafter": dataclasses.asdict(drafter_config),
-                }
-            )
-    bar.close()
-
-    final = evaluate(progress.step)
-    drafter_dir = Path(config.out) / "drafter"
-    save_drafter(
-        drafter_dir,
-        drafter,
-        target.info,
-        extra={"training": {"steps": progress.step, "heldout": final}},
-    )
-    record = provenance(
-        config=dataclasses.asdict(config),
-        run_dir=str(Path(config.out).resolve()),
-        drafter_config=dataclasses.asdict(drafter_config),
-        target=dataclasses.asdict(target.info),
-        started=started,
-        finished=datetime.now(UTC).isoformat(),
-        steps=progress.step,
-        tokens_seen=progress.tokens,
-        train_records=len(train_set),
-        initial_heldout=initial,
-        final_heldout=final,
-    )
-    (drafter_dir / "provenance.json").write_text(json.dumps(record, indent=2) + "\n")
-    run_dir.log({"event": "done", "step": progress.step})
-    run_dir.close()
-    return {
-        "initial": initial,
-        "final": final,
-        "steps": progress.step,
-        "tokens": progress.tokens,
-        "drafter": str(drafter_dir),
-    }
-
-
-def _warmup_cosine(step: int, warmup: int, total: int) -> float:
-    if step < warmup:
-        return (step + 1) / warmup
-    return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
-
-
-def _batch_at(samples: list[Sample], step: int, batch_size: int, seed: int) -> list[Sample]:
-    """The sequences of `step`: a fresh permutation of the training split each epoch."""
-    per_epoch = math.ceil(len(samples) / batch_size)
-    epoch, index = divmod(step, per_epoch)
-    order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(seed + epoch))
-    return [samples[i] for i in order[index * batch_size : (index + 1) * batch_size].tolist()]
-
-
-def _prepare(
-    sample: Sample, features: TargetFeatures, config: DrafterTrainConfig, generator: torch.Generator
-) -> _Item:
-    ids = torch.tensor(sample.input_ids, device=features.target.device)
-    loss_mask = torch.zeros(sample.num_tokens, dtype=torch.bool, device=ids.device)
-    loss_mask[len(sample.prompt_ids) :] = True
-    anchors = sample_anchors(loss_mask, config.anchors_per_seq, config.block_size, generator)
-    return _Item(ids=ids, features=features(sample), anchors=anchors)
-
-
-def _train_step(
-    drafter: BlockDrafter, items: list[_Item], weights: Tensor, autocast, grad_clip: float
-) -> tuple[float, float]:
-    """Accumulate the batch's gradients (one sequence at a time) and clip them.
-
-    Returns the batch loss Sum w*CE / Sum w and the simulated acceptance length on its blocks.
-    """
-    drafter.train()
-    # Every block is full, so the batch's total weight is known before any forward.
-    weight_total = sum(item.anchors.numel() for item in items) * weights.sum().item()
-    loss, corrects = 0.0, []
-    for item in items:
-        with autocast:
-            weighted_ce, _, correct = _block_losses(drafter, item, weights)
-        (weighted_ce / weight_total).backward()
-        loss += weighted_ce.item()
-        corrects.append(correct)
-    torch.nn.utils.clip_grad_norm_(drafter.parameters(), grad_clip)
-    _, accepted = acceptance_stats(torch.cat(corrects))
-    return loss / weight_total, accepted.mean().item()
-
-
-def _block_losses(drafter: BlockDrafter, item: _Item, weights: Tensor):
-    """(Sum w*CE, Sum w, correct [blocks, slots]) of one sequence's blocks."""
-    block_size = drafter.config.block_size
-    ids, anchors = item.ids[None], item.anchors[None]  # [1, tokens], [1, n]
-    block_ids, positions, labels = block_inputs_and_labels(
-        ids, anchors, block_size, drafter.config.mask_token_id
-    )
-    mask = block_attention_mask(anchors, ids.shape[1], block_size)
-    context_positions = torch.arange(ids.shape[1], device=ids.device)[None]
-    hidden = drafter(drafter.embed(block_ids), item.features, context_positions, positions, mask)
-    labelled = labels[0] != IGNORE  # full blocks: every slot but the anchor
-    # The 49k-row head is the costliest op here: run it on the labelled slots only.
-    logits = drafter.logits(hidden[0, labelled]).float()  # [blocks * slots, vocab]
-    targets = labels[0, labelled]
-    slot_weight = weights[torch.arange(labels.shape[1], device=ids.device) % block_size][labelled]
-    ce = F.cross_entropy(logits, targets, reduction="none")
-    correct = (logits.argmax(dim=-1) == targets).view(-1, block_size - 1)
-    return (slot_weight * ce).sum(), slot_weight.sum(), correct
-
-
-@torch.no_grad()
-def _evaluate(drafter: BlockDrafter, items: list[_Item], weights: Tensor, autocast) -> dict:
-    """Held-out weighted loss, per-slot accuracy and simulated acceptance length (with bonus)."""
-    drafter.eval()
-    loss, weight, corrects = 0.0, 0.0, []
-    for item in items:
-        with autocast:
-            weighted_ce, weight_sum, correct = _block_losses(drafter, item, weights)
-        loss += weighted_ce.item()
-        weight += weight_sum.item()
-        corrects.append(correct)
-    slot_acc, accepted = acceptance_stats(torch.cat(corrects))
-    return {
-        "loss": loss / weight,
-        "accept": accepted.mean().item(),
-        "slot_acc": [round(a, 4) for a in slot_acc.tolist()],
-        "blocks": accepted.numel(),
-    }
-
-
-def _resume(run_dir: RunDir, drafter, optimizer, scheduler) -> _Progress:
-    """Load `<out>/ckpt/` into the fresh objects, if a checkpoint is there."""
-    state = run_dir.load_checkpoint(drafter.fc.weight.device)
-    if state is None:
-        return _Progress()
-    stored = {k: tuple(v) if isinstance(v, list) else v for k, v in state["drafter"].items()}
-    if stored != dataclasses.asdict(drafter.config):
-        raise DcocoError(
-            f"{run_dir.path} holds a checkpoint of another drafter ({stored}); use another --out "
-            "or delete its ckpt/"
-        )
-    drafter.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    torch.set_rng_state(state["rng"])
-    return _Progress(step=state["step"], tokens=state["tokens"])
+    return run_training(config, target, samples, progress_bar, head_setup=None)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,57 @@
+"""The head proposer: the DFlash drafter's one pass, then a draft head (dcoco.models.heads) turns it
+into the draft: the DCOCO corrector with a selection rule, or a sequential DSpark/Domino-style head.
+Every head's draft is deterministic, so the engine verifies it as a point mass (lossless)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from dcoco.contracts import Proposal
+from dcoco.decode.dflash_proposer import DFlashProposer
+from dcoco.decode.proposers import DraftContext
+from dcoco.errors import DcocoError
+from dcoco.models.drafter import BlockDrafter
+
+
+class HeadProposer(DFlashProposer):
+    def __init__(
+        self,
+        drafter: BlockDrafter,
+        head: nn.Module,
+        num_draft_tokens: int | None = None,
+        name: str | None = None,
+    ):
+        super().__init__(drafter, num_draft_tokens)
+        head_hidden = getattr(head.config, "hidden_size", drafter.config.hidden_size)
+        if head_hidden != drafter.config.hidden_size:
+            raise DcocoError(
+                f"{head.kind} head hidden size {head_hidden} does not match the drafter's "
+                f"{drafter.config.hidden_size}"
+            )
+        head_vocab = getattr(head.config, "vocab_size", drafter.config.vocab_size)
+        if head_vocab != drafter.config.vocab_size:
+            raise DcocoError(
+                f"{head.kind} head vocab size {head_vocab} does not match the drafter's "
+                f"{drafter.config.vocab_size}"
+            )
+        top_k = getattr(head.config, "top_k", 1)
+        if top_k > drafter.config.vocab_size:
+            raise DcocoError(
+                f"{head.kind} head top-k {top_k} exceeds the vocab size {drafter.config.vocab_size}"
+            )
+        self.head = head
+        self.name = name or head.kind
+
+    @torch.inference_mode()
+    def propose(self, context: DraftContext) -> Proposal:
+        # Cut to this cycle's slots first, so path rules weigh only the slots proposed.
+        logits, hidden = self.draft_block(context)  # [batch, slots, vocab], [batch, slots, hidden]
+        tick = time.perf_counter()
+        anchor_ids = context.tokens[-1:].expand(logits.shape[0])  # [batch]
+        draft_tokens = self.head.select(hidden, logits, anchor_ids)
+        if draft_tokens.is_cuda:
+            torch.cuda.synchronize(draft_tokens.device)
+        return Proposal(draft_tokens=draft_tokens, correct_s=time.perf_counter() - tick)

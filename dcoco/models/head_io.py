@@ -1,0 +1,87 @@
+"""Checkpoints of a drafter with a draft head: the drafter's DFlash directory, plus the head.
+
+The head's weights sit in the same model.safetensors under `head.`, its config in config.json under
+`dcoco_head` (`kind` + the head's config fields), and `architectures` names the head's architecture
+(dcoco.models.drafter_io.HEAD_ARCHITECTURES) so vLLM with our plugin builds the corrected drafter.
+Loaders that only know DFlash read the drafter part unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from dcoco.errors import DcocoError
+from dcoco.models.drafter import BlockDrafter
+from dcoco.models.drafter_io import (
+    CONFIG_FILE,
+    HEAD_ARCHITECTURES,
+    HEAD_PREFIX,
+    WEIGHTS_FILE,
+    load_weights_strict,
+    read_drafter_config,
+    read_weights,
+    save_drafter,
+)
+from dcoco.models.heads import build_head, head_config_dict
+
+HEAD_KEY = "dcoco_head"
+
+
+def save_with_head(
+    path: str | Path,
+    drafter: BlockDrafter,
+    head: nn.Module,
+    target_info,
+    dtype: torch.dtype = torch.bfloat16,
+    extra: dict | None = None,
+) -> Path:
+    """Write drafter + head to directory `path`; `extra` goes under config.json's `dcoco`."""
+    path = save_drafter(path, drafter, target_info, dtype, extra)
+    weights = {
+        name: tensor.detach().to(dtype).contiguous()
+        for name, tensor in drafter.state_dict().items()
+    }
+    for name, tensor in head.state_dict().items():
+        weights[HEAD_PREFIX + name] = tensor.detach().to(dtype).contiguous()
+    save_file(weights, path / WEIGHTS_FILE, metadata={"format": "pt"})
+    hf = json.loads((path / CONFIG_FILE).read_text())
+    hf["architectures"] = [HEAD_ARCHITECTURES[head.kind]]
+    hf[HEAD_KEY] = head_config_dict(head)
+    (path / CONFIG_FILE).write_text(json.dumps(hf, indent=2) + "\n")
+    return path
+
+
+def head_kind_of(path: str | Path) -> str | None:
+    """The head kind stored in checkpoint `path`, or None for a plain drafter."""
+    _, hf = read_drafter_config(path)
+    head = hf.get(HEAD_KEY)
+    return head.get("kind") if isinstance(head, dict) else None
+
+
+def load_head(
+    path: str | Path, target, drafter: BlockDrafter, dtype: torch.dtype | None = None
+) -> nn.Module:
+    """The draft head stored in `path`, built for `drafter` (loaded from the same path)."""
+    path = Path(path)
+    config, hf = read_drafter_config(path)
+    fields = hf.get(HEAD_KEY)
+    if not isinstance(fields, dict) or "kind" not in fields:
+        raise DcocoError(f"{path} holds a plain drafter, no draft head ({HEAD_KEY} missing)")
+    fields = dict(fields)
+    kind = fields.pop("kind")
+    head = build_head(kind, fields, target.embed_tokens)
+    if getattr(head.config, "hidden_size", config.hidden_size) != config.hidden_size:
+        raise DcocoError(f"{path}: the {kind} head does not fit its drafter's hidden size")
+    weights = read_weights(path, config, hf, target)
+    head_weights = {
+        name[len(HEAD_PREFIX) :]: tensor
+        for name, tensor in weights.items()
+        if name.startswith(HEAD_PREFIX)
+    }
+    load_weights_strict(head, head_weights, path / WEIGHTS_FILE)
+    return head.to(device=target.device, dtype=dtype or target.dtype).eval()

@@ -1,0 +1,98 @@
+"""Draft heads: small modules trained on top of a block drafter that turn its one pass into a draft.
+
+- `dcoco`: the parallel corrector (dcoco.models.corrector): top-K transition scores for all slot
+  pairs in one batched op, then a selection rule walks them.
+- `dspark`: a DSpark-style Markov head: a low-rank logit bias from the previous token, applied slot
+  by slot (dcoco.models.sequential_heads).
+- `domino`: a Domino-style GRU head: a full-vocabulary logit delta from a GRU over the tokens
+  drafted so far, slot by slot (dcoco.models.sequential_heads).
+
+Every head has a zero-initialised output, so an untrained head drafts exactly the drafter's argmax.
+All heads share one training contract (`HeadBatch` in, `HeadLoss` out) and one decoding contract
+(`select`), so one trainer, one checkpoint format and one proposer serve them all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Protocol
+
+from torch import Tensor, nn
+
+from dcoco.errors import DcocoError
+
+
+@dataclass
+class HeadBatch:
+    """One drafter pass over training blocks, seen from a head. Draft slots only (no anchor)."""
+
+    hidden: Tensor  # [blocks, slots, hidden]: the drafter's final hidden states
+    logits: Tensor  # [blocks, slots, vocab']: the drafter's logits over the loss vocabulary
+    vocab_ids: Tensor | None  # [vocab'] token id of each logit column; None = the full vocab
+    anchor_ids: Tensor  # [blocks] the anchor token of each block
+    label_ids: Tensor  # [blocks, slots] the target's tokens (token ids)
+    label_index: Tensor  # [blocks, slots] column of the label in `logits`; IGNORE if absent
+    slot_weights: Tensor  # [slots] loss weight by depth, exp(-(k-1)/gamma)
+    progress: float = 1.0  # fraction of training done, for curricula (0 at the first step)
+
+
+@dataclass
+class HeadLoss:
+    weighted_loss: Tensor  # scalar: sum over blocks and slots of weight * loss
+    correct: Tensor  # [blocks, slots] bool: the head's draft, teacher-forced on the labels,
+    # equals the label. Up to the first miss a drafted prefix equals the labels, so
+    # cumprod(correct).sum() + 1 is exactly the acceptance length the engine would see.
+
+
+class DraftHead(Protocol):
+    kind: str
+    config: object
+
+    def training_loss(self, batch: HeadBatch) -> HeadLoss: ...
+
+    def select(
+        self,
+        hidden: Tensor,  # [batch, slots, hidden]
+        logits: Tensor,  # [batch, slots, vocab]: full-vocabulary drafter logits
+        anchor_ids: Tensor,  # [batch]
+    ) -> Tensor: ...  # [batch, slots] draft token ids
+
+
+def head_kinds() -> tuple[str, ...]:
+    return ("dcoco", "dspark", "domino")
+
+
+def head_classes(kind: str) -> tuple[type, type[nn.Module]]:
+    """(config dataclass, module class) of a head kind; imported lazily to keep imports light."""
+    if kind == "dcoco":
+        from dcoco.models.corrector import Corrector, CorrectorConfig
+
+        return CorrectorConfig, Corrector
+    if kind == "dspark":
+        from dcoco.models.sequential_heads import MarkovHead, MarkovHeadConfig
+
+        return MarkovHeadConfig, MarkovHead
+    if kind == "domino":
+        from dcoco.models.sequential_heads import GruHead, GruHeadConfig
+
+        return GruHeadConfig, GruHead
+    raise DcocoError(f"unknown head kind '{kind}': choose one of {', '.join(head_kinds())}")
+
+
+def build_head(kind: str, fields: dict, embed_tokens: nn.Embedding) -> nn.Module:
+    """A fresh head of `kind` from config `fields` (unknown fields are an error)."""
+    config_class, module_class = head_classes(kind)
+    known = {f.name for f in dataclasses.fields(config_class)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise DcocoError(f"{kind} head config has unknown fields {unknown}")
+    try:
+        config = config_class(**fields)
+    except TypeError as error:
+        raise DcocoError(f"bad {kind} head config ({error})") from error
+    return module_class(config, embed_tokens)
+
+
+def head_config_dict(head: nn.Module) -> dict:
+    return {"kind": head.kind, **dataclasses.asdict(head.config)}

@@ -1,0 +1,165 @@
+"""One training pass of the drafter over a sequence's blocks, and the losses read from it.
+
+A sequence's target taps are computed once; its sampled blocks then run through the drafter in
+chunks (the block-diagonal attention grows with the square of the blocks per forward). The
+drafter's loss is the decayed same-position cross-entropy; a draft head (dcoco.models.heads), if
+any, reads the same hidden states and logits.
+
+The loss may run over a shortlist of the vocabulary (`LossVocab`): on a CPU the 49k-row head is
+most of a step, and a corpus of the target's own replies uses far fewer distinct tokens. A label
+outside the shortlist carries no loss. Decoding and evaluation always use the full head.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from dcoco.data.distill import Sample
+from dcoco.models.drafter import BlockDrafter
+from dcoco.models.heads import HeadBatch
+from dcoco.train.blocks import (
+    IGNORE,
+    block_attention_mask,
+    block_inputs_and_labels,
+    sample_anchors,
+)
+
+
+class LossVocab:
+    """The logit columns the loss runs over: token ids `vocab_ids` [vocab'], or all (None)."""
+
+    def __init__(self, drafter: BlockDrafter, vocab_ids: Tensor | None):
+        head = drafter._shared[1]
+        self.vocab_ids = vocab_ids
+        if vocab_ids is None:
+            self.weight, self.bias, self.column = head.weight, head.bias, None
+            return
+        # The head is frozen, so its shortlisted rows are sliced once.
+        self.weight = head.weight[vocab_ids].detach()
+        self.bias = None if head.bias is None else head.bias[vocab_ids].detach()
+        column = torch.full((head.weight.shape[0],), IGNORE, dtype=torch.long)
+        column[vocab_ids.cpu()] = torch.arange(vocab_ids.numel())
+        self.column = column.to(vocab_ids.device)
+
+    @classmethod
+    def most_frequent(cls, drafter: BlockDrafter, samples: list[Sample], size: int) -> LossVocab:
+        """The `size` most frequent response tokens of `samples` (0 or more than the vocab: all)."""
+        vocab = drafter.config.vocab_size
+        if size <= 0 or size >= vocab:
+            return cls(drafter, None)
+        counts = Counter(t for s in samples for t in s.response_ids)
+        ranked = sorted(counts, key=lambda t: (-counts[t], t))[:size]
+        device = drafter._shared[1].weight.device
+        return cls(drafter, torch.tensor(sorted(ranked), device=device))
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """[..., hidden] -> fp32 logits [..., vocab']."""
+        return F.linear(hidden.to(self.weight.dtype), self.weight, self.bias).float()
+
+    def label_index(self, label_ids: Tensor) -> Tensor:
+        """Token ids -> logit columns; IGNORE where the token is outside the shortlist."""
+        if self.column is None:
+            return label_ids
+        return self.column[label_ids]
+
+    def token_ids(self, columns: Tensor) -> Tensor:
+        return columns if self.vocab_ids is None else self.vocab_ids[columns]
+
+
+@dataclass
+class Item:
+    """One sequence ready for the drafter."""
+
+    ids: Tensor  # [tokens] int64
+    features: Tensor  # [1, tokens, taps * hidden]
+    anchors: Tensor  # [n] int64, sorted
+
+
+def prepare_item(
+    sample: Sample, features, anchors_per_seq: int, block_size: int, generator: torch.Generator
+) -> Item:
+    """Target taps of `sample` (via `features`, a TargetFeatures) and its sampled anchors."""
+    ids = torch.tensor(sample.input_ids, device=features.target.device)
+    loss_mask = torch.zeros(sample.num_tokens, dtype=torch.bool, device=ids.device)
+    loss_mask[len(sample.prompt_ids) :] = True
+    anchors = sample_anchors(loss_mask, anchors_per_seq, block_size, generator)
+    return Item(ids=ids, features=features(sample), anchors=anchors)
+
+
+@dataclass
+class BlockChunk:
+    hidden: Tensor  # [blocks, slots, hidden]: the drafter's final hidden states at the slots
+    anchor_ids: Tensor  # [blocks]
+    label_ids: Tensor  # [blocks, slots]: same-position labels (blocks are full: none ignored)
+
+
+def block_chunks(drafter: BlockDrafter, item: Item, chunk: int) -> Iterator[BlockChunk]:
+    """The drafter's pass over `item`'s blocks, `chunk` blocks per forward."""
+    block_size = drafter.config.block_size
+    ids = item.ids[None]  # [1, tokens]
+    context_positions = torch.arange(ids.shape[1], device=ids.device)[None]
+    for anchors in item.anchors.split(chunk):
+        anchors = anchors[None]  # [1, n]
+        block_ids, positions, labels = block_inputs_and_labels(
+            ids, anchors, block_size, drafter.config.mask_token_id
+        )
+        mask = block_attention_mask(anchors, ids.shape[1], block_size)
+        hidden = drafter(
+            drafter.embed(block_ids), item.features, context_positions, positions, mask
+        )
+        blocks = anchors.shape[1]
+        yield BlockChunk(
+            hidden=hidden.view(blocks, block_size, -1)[:, 1:],
+            anchor_ids=block_ids.view(blocks, block_size)[:, 0],
+            label_ids=labels.view(blocks, block_size)[:, 1:],
+        )
+
+
+@dataclass
+class ChunkLosses:
+    drafter_loss: Tensor  # scalar: sum of w * CE over the chunk's slots
+    drafter_correct: Tensor  # [blocks, slots] bool: drafter argmax == label
+    head_loss: Tensor | None  # scalar: the head's sum of w * loss
+    head_correct: Tensor | None  # [blocks, slots] bool: the head's teacher-forced draft == label
+
+
+def chunk_losses(
+    drafter: BlockDrafter,
+    head,
+    chunk: BlockChunk,
+    loss_vocab: LossVocab,
+    slot_weights: Tensor,  # [slots]: exp(-(k-1)/gamma) for slots k = 1 .. block - 1
+    progress: float,
+    train_drafter: bool,
+) -> ChunkLosses:
+    """The drafter's (and the head's) losses on one chunk. With `train_drafter` False the
+    drafter's outputs carry no gradient (a frozen drafter under a drop-in head)."""
+    hidden = chunk.hidden if train_drafter else chunk.hidden.detach()
+    with torch.set_grad_enabled(train_drafter and torch.is_grad_enabled()):
+        logits = loss_vocab.logits(hidden)  # [blocks, slots, vocab']
+        label_index = loss_vocab.label_index(chunk.label_ids)  # [blocks, slots]
+        ce = F.cross_entropy(
+            logits.flatten(0, 1), label_index.flatten(), ignore_index=IGNORE, reduction="none"
+        ).view_as(label_index)
+        drafter_loss = (ce * slot_weights).sum()
+    drafter_correct = loss_vocab.token_ids(logits.argmax(dim=-1)) == chunk.label_ids
+    if head is None:
+        return ChunkLosses(drafter_loss, drafter_correct, None, None)
+    batch = HeadBatch(
+        hidden=hidden,
+        logits=logits,
+        vocab_ids=loss_vocab.vocab_ids,
+        anchor_ids=chunk.anchor_ids,
+        label_ids=chunk.label_ids,
+        label_index=label_index,
+        slot_weights=slot_weights,
+        progress=progress,
+    )
+    head_out = head.training_loss(batch)
+    return ChunkLosses(drafter_loss, drafter_correct, head_out.weighted_loss, head_out.correct)
