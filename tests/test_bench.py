@@ -108,3 +108,41 @@ def test_compare_prints_the_shared_overall_table(target, monkeypatch, capsys):
     assert main([*argv, "--dtype", "fp32", "--no-warmup"]) == 0
     out = capsys.readouterr().out
     assert "| method | samples |" in out and "| pld | 2 |" in out and "| 100% |" in out
+
+
+def test_bench_runs_head_methods_on_an_arbitrary_file(config, target, tmp_path):
+    """`--methods plain,dcoco@DIR,...` on a prompts file: every head decodes losslessly (fp32)."""
+    from dcoco.models.corrector import Corrector, CorrectorConfig
+    from dcoco.models.drafter import BlockDrafter, DrafterConfig
+    from dcoco.models.head_io import save_with_head
+    from dcoco.models.sequential_heads import MarkovHead, MarkovHeadConfig
+
+    drafter_config = DrafterConfig.for_target(target, num_layers=1, block_size=5, mask_token_id=3,
+                                              target_layer_ids=(0, 2))  # fmt: skip
+    torch.manual_seed(0)
+    drafter = BlockDrafter(drafter_config, target.embed_tokens, target.lm_head)
+    corrector = Corrector(CorrectorConfig(64, top_k=4, mlp_hidden=16), target.embed_tokens)
+    markov = MarkovHead(MarkovHeadConfig(64, 128, rank=8), target.embed_tokens)
+    for head in (corrector, markov):  # non-zero outputs, so the heads really re-draft
+        for parameter in head.parameters():
+            torch.nn.init.normal_(parameter, std=0.5)
+    dcoco_dir = save_with_head(tmp_path / "dcoco", drafter, corrector, target.info, torch.float32)
+    dspark_dir = save_with_head(tmp_path / "dspark", drafter, markov, target.info, torch.float32)
+    methods = (
+        f"plain,dflash@{dcoco_dir},dcoco@{dcoco_dir},dcoco:global@{dcoco_dir},dspark@{dspark_dir}"
+    )
+    settings = dataclasses.replace(
+        config, methods=methods, limit=3, temperatures="0", run_name="heads", plots=False
+    )
+    run_dir = run_bench(settings, target=target, progress=False)
+    records = read_samples(run_dir)
+    assert {r["method"] for r in records} == set(methods.split(","))
+    by_method = {}
+    for record in records:
+        by_method.setdefault(record["method"], {})[(record["id"], record["turn"])] = record
+    for method, rows in by_method.items():
+        for key, record in rows.items():
+            assert record["new_ids"] == by_method["plain"][key]["new_ids"], (method, key)
+    assert any(r["time_s"]["correct"] > 0 for r in by_method[f"dcoco@{dcoco_dir}"].values())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary

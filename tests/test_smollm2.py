@@ -49,6 +49,19 @@ def test_shipped_drafter_greedy_equals_plain_and_is_accepted(smollm2):
     assert sum(taus) / len(taus) > 1.05, taus  # trained: a random drafter gives 1.00
 
 
+@pytest.mark.parametrize("method", ["dcoco", "dcoco:global", "dspark", "domino"])
+def test_shipped_heads_greedy_equal_plain(smollm2, method):
+    from dcoco.decode.methods import MethodOptions, build_proposer, default_drafter_dir
+
+    if not default_drafter_dir(smollm2, method.split(":")[0]).exists():
+        pytest.skip(f"no {method} checkpoint shipped")
+    proposer = build_proposer(method, smollm2, MethodOptions())
+    for text in BUILTIN_PROMPTS[:2]:
+        prompt = smollm2.encode_chat(text)
+        plain = Engine(smollm2).generate(prompt, 40)
+        assert Engine(smollm2, proposer).generate(prompt, 40).new_ids == plain.new_ids, text
+
+
 def test_drafter_for_another_target_is_refused(smollm2, tmp_path, capsys):
     import json
     import shutil

@@ -48,6 +48,7 @@ class CoverageConfig:
     top_k: int = 16
     dtype: str = "fp32"
     threads: int = 0
+    feature_cache: str = ""  # directory of cached target features (as in training); empty = none
     out: str = "results/coverage"
 
     def __post_init__(self) -> None:
@@ -97,7 +98,7 @@ def measure(config: CoverageConfig, target=None, samples: list[Sample] | None = 
     samples = [s for s in samples if len(s.response_ids) >= block_size]
     if not samples:
         raise DcocoError(f"no reply has the {block_size} tokens a full block needs")
-    features = TargetFeatures(target, drafter.config.target_layer_ids)
+    features = TargetFeatures(target, drafter.config.target_layer_ids, config.feature_cache)
     slots, top_k = block_size - 1, config.top_k
     hits = torch.zeros(slots, top_k)  # [slots, K]: label within top-k, counted
     hits_when_wrong = torch.zeros(slots, top_k)

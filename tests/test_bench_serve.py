@@ -1,0 +1,268 @@
+"""`dcoco bench-serve` and `dcoco serve` without vLLM: metric parsing and aggregation on canned
+/metrics text, a whole run against a small fake OpenAI server on loopback, and the serve command."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from dcoco.cli import main
+from dcoco.decode.methods import SHIPPED_CHECKPOINTS
+from dcoco.errors import DcocoError
+from dcoco.serving.bench_client import (
+    BenchServeConfig,
+    aggregate,
+    parse_metrics,
+    percentile,
+    run_bench_serve,
+    spec_counters,
+    spec_delta,
+)
+from dcoco.serving.serve import ServeConfig, build_command, server_env
+
+METRICS = """\
+# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0
+vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.7e+09
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 150.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 12.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 7.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 1.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 4.0
+vllm:num_requests_running{engine="0",model_name="m"} 0.0
+"""
+
+
+def _counters(drafts, draft_tokens, accepted, per_pos):
+    return {
+        "drafts": drafts,
+        "draft_tokens": draft_tokens,
+        "accepted_tokens": accepted,
+        "per_position": per_pos,
+    }
+
+
+def test_parse_metrics_reads_names_labels_and_values():
+    samples = parse_metrics(METRICS)
+    assert ("vllm:num_requests_running", {"engine": "0", "model_name": "m"}, 0.0) in samples
+    assert all(not name.startswith("#") for name, _, _ in samples)
+    assert len(samples) == 8
+
+
+def test_spec_counters_sum_engines_and_order_positions():
+    second_engine = METRICS.replace('engine="0"', 'engine="1"')
+    counters = spec_counters(METRICS + second_engine)
+    assert counters == _counters(20.0, 300.0, 24.0, [14.0, 8.0, 2.0])
+    assert spec_counters("") == _counters(0.0, 0.0, 0.0, [])
+
+
+def test_spec_delta_gives_tau_and_per_position_acceptance():
+    before = _counters(10, 150, 12, [7, 4, 1])
+    after = _counters(30, 450, 52, [22, 14, 4, 2])  # a position seen for the first time
+    delta = spec_delta(before, after)
+    assert delta["drafts"] == 20 and delta["accepted_tokens"] == 40
+    assert delta["tau"] == pytest.approx(3.0)
+    assert delta["acceptance_rate"] == pytest.approx(40 / 300)
+    assert delta["per_position"] == pytest.approx([0.75, 0.5, 0.15, 0.1])
+    assert delta["per_position_conditional"] == pytest.approx([0.75, 10 / 15, 0.3, 2 / 3])
+    idle = spec_delta(before, before)
+    assert idle["tau"] is None and idle["per_position"] == []
+
+
+def test_percentile_and_aggregate():
+    assert percentile([], 50) is None
+    assert percentile([3.0], 99) == 3.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == pytest.approx(2.5)
+    assert percentile(list(range(101)), 90) == pytest.approx(90)
+    records = [
+        {"ok": True, "latency_s": 1.0, "completion_tokens": 10, "tau": 2.0},
+        {"ok": True, "latency_s": 3.0, "completion_tokens": 30, "tau": None},
+        {"ok": False, "latency_s": 0.1, "error": "boom"},
+    ]
+    summary = aggregate(records, wall_s=4.0)
+    assert summary["requests"] == 3 and summary["errors"] == 1
+    assert summary["output_tokens"] == 40 and summary["output_tok_s"] == pytest.approx(10.0)
+    assert summary["requests_per_s"] == pytest.approx(0.5)
+    assert summary["latency_s"]["p50"] == pytest.approx(2.0)
+    assert summary["latency_s"]["mean"] == pytest.approx(2.0)
+    assert summary["per_request_tau_mean"] == pytest.approx(2.0)
+
+
+class _FakeServer(BaseHTTPRequestHandler):
+    """/v1/models, /v1/chat/completions (8 tokens, 2 drafts of 4 with 3 accepted), /metrics."""
+
+    lock = threading.Lock()
+    drafts = 0
+    accepted = 0
+
+    def do_GET(self):  # noqa: N802 - http.server's naming
+        if self.path == "/v1/models":
+            self._send({"data": [{"id": "fake-model"}]})
+        elif self.path == "/metrics":
+            with self.lock:
+                text = (
+                    f'vllm:spec_decode_num_drafts_total{{engine="0"}} {self.drafts}\n'
+                    f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {4 * self.drafts}\n'
+                    f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {self.accepted}\n'
+                )
+            self._send(text)
+        else:
+            self.send_error(404)
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        assert body["model"] == "fake-model" and body["messages"][0]["role"] == "user"
+        with self.lock:
+            type(self).drafts += 2
+            type(self).accepted += 3
+        self._send(
+            {
+                "choices": [{"finish_reason": "length"}],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 8},
+                "metrics": {"speculative_decoding": {"mean_acceptance_length": 2.5}},
+            }
+        )
+
+    def _send(self, payload):
+        data = payload if isinstance(payload, str) else json.dumps(payload)
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(data.encode())
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def fake_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeServer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_bench_serve_runs_end_to_end_against_a_server(fake_server, tmp_path):
+    prompts = tmp_path / "suite.jsonl"
+    records = [{"id": str(i), "category": "chat", "turns": [f"hi {i}", "more"]} for i in range(3)]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in records))
+    config = BenchServeConfig(
+        url=fake_server + "/",
+        prompts=str(prompts),
+        suites="all",
+        concurrency="1,2",
+        temperatures="0,1",
+        max_tokens=8,
+        label="fake",
+        out=str(tmp_path / "out"),
+    )
+    result, out = run_bench_serve(config)
+    assert [(lv["temperature"], lv["concurrency"]) for lv in result["levels"]] == [
+        (0.0, 1),
+        (0.0, 2),
+        (1.0, 1),
+        (1.0, 2),
+    ]
+    for level in result["levels"]:
+        assert level["requests"] == 3 and level["errors"] == 0
+        assert level["output_tokens"] == 24
+        assert level["spec"]["tau"] == pytest.approx(1 + 9 / 6)
+        assert level["per_request_tau_mean"] == pytest.approx(2.5)
+    assert json.loads((out / "bench_serve.json").read_text())["label"] == "fake"
+    assert (out / "throughput_vs_concurrency.png").stat().st_size > 0
+    # --compare redraws several runs in one figure, without a server
+    compared = tmp_path / "cmp"
+    files = f"{out / 'bench_serve.json'},{out / 'bench_serve.json'}"
+    assert main(["bench-serve", "--compare", files, "--out", str(compared)]) == 0
+    assert (compared / "throughput_vs_concurrency.png").is_file()
+
+
+def test_bench_serve_without_a_server_is_a_clear_error(tmp_path, capsys):
+    prompts = tmp_path / "suite.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "category": "chat", "turns": ["hi"]}) + "\n")
+    argv = [
+        "bench-serve",
+        "--url",
+        "http://127.0.0.1:9",
+        "--prompts",
+        str(prompts),
+        "--suites",
+        "all",
+    ]
+    code = main(argv)
+    assert code == 2 and "dcoco serve" in capsys.readouterr().err
+
+
+@pytest.fixture
+def serve_dirs(tmp_path):
+    """A stand-in target dir and a DFlash checkpoint dir (configs only: serve reads no weights)."""
+    target = tmp_path / "my-target"
+    target.mkdir()
+    (target / "config.json").write_text("{}")
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    shutil.copy(SHIPPED_CHECKPOINTS / "smollm2-135m-instruct" / "dflash" / "config.json", drafter)
+    return target, drafter
+
+
+def test_serve_command_for_a_drafter(serve_dirs):
+    target, drafter = serve_dirs
+    config = ServeConfig(
+        target=str(target), checkpoint=str(drafter), dtype="fp32", port=8123,
+        num_speculative_tokens=7, python="/opt/py", vllm_args="--max-num-batched-tokens 512",
+    )  # fmt: skip
+    python, argv = build_command(config)
+    assert python == "/opt/py"
+    assert argv[:2] == ["-m", "vllm.entrypoints.openai.api_server"]
+    flags = dict(zip(argv[2::2], argv[3::2], strict=False))
+    assert flags["--model"] == str(target) and flags["--served-model-name"] == "my-target"
+    assert flags["--dtype"] == "float32" and flags["--port"] == "8123"
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec == {
+        "method": "dflash",
+        "model": str(drafter.resolve()),
+        "num_speculative_tokens": 7,
+    }
+    assert argv[argv.index("--per-request-spec-decode-metrics") + 1] == "summary"
+    assert "--enforce-eager" in argv and argv[-2:] == ["--max-num-batched-tokens", "512"]
+
+
+def test_serve_command_plain_and_bad_setups(serve_dirs):
+    target, drafter = serve_dirs
+    _, argv = build_command(ServeConfig(method="plain", target=str(target), python="/opt/py"))
+    assert "--speculative-config" not in argv and "--per-request-spec-decode-metrics" not in argv
+    with pytest.raises(DcocoError, match="needs a dcoco head.*plain drafter"):
+        build_command(ServeConfig(method="dcoco", target=str(target), checkpoint=str(drafter)))
+    with pytest.raises(DcocoError, match="no dspark checkpoint"):
+        build_command(ServeConfig(method="dspark", target=str(target)))
+    with pytest.raises(DcocoError, match="unknown method"):
+        build_command(ServeConfig(method="eagle", target=str(target)))
+    with pytest.raises(DcocoError, match="not served through vLLM"):
+        build_command(ServeConfig(method="pld", target=str(target)))
+    too_many = ServeConfig(target=str(target), checkpoint=str(drafter), num_speculative_tokens=16)
+    with pytest.raises(DcocoError, match="1..15"):
+        build_command(too_many)
+
+
+def test_serve_takes_method_specs_with_a_selection_and_a_checkpoint(serve_dirs):
+    target, drafter = serve_dirs
+    config = json.loads((drafter / "config.json").read_text())
+    config["architectures"] = ["DFlashDcocoDraftModel"]
+    config["dcoco_head"] = {"kind": "dcoco", "hidden_size": 576}
+    (drafter / "config.json").write_text(json.dumps(config))
+    spec = ServeConfig(method=f"dcoco:global@{drafter}", target=str(target), python="/opt/py")
+    _, argv = build_command(spec)
+    speculative = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert speculative["model"] == str(drafter.resolve())
+    assert server_env(spec) == {"DCOCO_SELECTION": "global"}
+    assert server_env(ServeConfig(method="dcoco", target=str(target))) == {}
+    with pytest.raises(DcocoError, match="only dcoco takes a selection"):
+        server_env(ServeConfig(method="dflash:global", target=str(target)))
+    with pytest.raises(DcocoError, match="holds a dcoco head: serve it with --method dcoco"):
+        build_command(ServeConfig(method=f"dflash@{drafter}", target=str(target)))
