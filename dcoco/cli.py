@@ -85,7 +85,7 @@ class _Streamer:
 
 def build_parser() -> argparse.ArgumentParser:
     from dcoco.data import datagen
-    from dcoco.eval import bench, compare, coverage, report
+    from dcoco.eval import bench, compare, coverage, heldout, report
     from dcoco.serving import bench_client, serve
     from dcoco.train import drafter_train, head_train
 
@@ -98,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_parser(subparsers)
     report.add_parser(subparsers)
     coverage.add_parser(subparsers)
+    heldout.add_parser(subparsers)
     drafter_train.add_parser(subparsers)
     head_train.add_parser(subparsers)
     datagen.add_parser(subparsers)

@@ -6,9 +6,10 @@
 #
 #   stage 0 (make train-drafter): the base drafter, 400 steps           -> checkpoints/.../dflash-base
 #   stage 1: the base drafter trained on           STEPS more steps     -> dflash (the baseline)
-#   stage 2: base drafter + DCOCO corrector, joint, STEPS steps         -> dcoco
-#   stage 3: drop-in heads over the frozen stage-1 drafter, HEAD_STEPS -> dcoco-dropin, dspark,
-#            domino, and the corrector ablations (no pair state, no candidate representation)
+#   stage 2: drop-in heads over the frozen stage-1 drafter, HEAD_STEPS -> dcoco-dropin, dspark,
+#            domino
+#   stage 3: base drafter + DCOCO corrector, joint, STEPS steps         -> dcoco
+#   stage 4: the corrector ablations, drop-in (no pair state, no candidate representation)
 #
 # Usage: scripts/train_smollm2.sh [BASE_DRAFTER_DIR]   (env: STEPS, HEAD_STEPS, RUNS, DCOCO, THREADS)
 set -euo pipefail
@@ -32,10 +33,6 @@ done_run "$RUNS/dflash-cont/drafter" ||
   "$DCOCO" train-drafter --init "$BASE" --out "$RUNS/dflash-cont" --lr 6e-4 \
     --max-steps "$STEPS" "${COMMON[@]}" ||
   failed dflash-cont
-done_run "$RUNS/dcoco-joint/dcoco" ||
-  "$DCOCO" train-corrector --head dcoco --mode joint --init "$BASE" --out "$RUNS/dcoco-joint" \
-    --lr 6e-4 --max-steps "$STEPS" "${COMMON[@]}" ||
-  failed dcoco-joint
 DRAFTER="$RUNS/dflash-cont/drafter"
 COMMON+=(--max-steps "$HEAD_STEPS")
 done_run "$RUNS/dcoco-dropin/dcoco" ||
@@ -50,6 +47,10 @@ done_run "$RUNS/domino/domino" ||
   "$DCOCO" train-corrector --head domino --mode dropin --init "$DRAFTER" --out "$RUNS/domino" \
     --lr 3e-3 --mlp-hidden 128 --lambda-warm 0 "${COMMON[@]}" ||
   failed domino
+done_run "$RUNS/dcoco-joint/dcoco" ||
+  "$DCOCO" train-corrector --head dcoco --mode joint --init "$BASE" --out "$RUNS/dcoco-joint" \
+    --lr 6e-4 "${COMMON[@]}" --max-steps "$STEPS" ||
+  failed dcoco-joint
 done_run "$RUNS/dcoco-nopair/dcoco" ||
   "$DCOCO" train-corrector --head dcoco --mode dropin --init "$DRAFTER" \
     --out "$RUNS/dcoco-nopair" --lr 3e-3 --no-use-pair-state "${COMMON[@]}" ||

@@ -170,9 +170,11 @@ def test_bench_serve_runs_end_to_end_against_a_server(fake_server, tmp_path):
         (1.0, 2),
     ]
     for level in result["levels"]:
-        assert level["requests"] == 3 and level["errors"] == 0
-        assert level["output_tokens"] == 24
-        assert level["spec"]["tau"] == pytest.approx(1 + 9 / 6)
+        # 3 prompts; at concurrency 2 they are cycled to 2 rounds x 2 streams = 4 requests
+        requests = max(3, 2 * level["concurrency"])
+        assert level["requests"] == requests and level["errors"] == 0
+        assert level["output_tokens"] == 8 * requests
+        assert level["spec"]["tau"] == pytest.approx(1 + 3 / 2)
         assert level["per_request_tau_mean"] == pytest.approx(2.5)
     assert json.loads((out / "bench_serve.json").read_text())["label"] == "fake"
     assert (out / "throughput_vs_concurrency.png").stat().st_size > 0
@@ -181,6 +183,8 @@ def test_bench_serve_runs_end_to_end_against_a_server(fake_server, tmp_path):
     files = f"{out / 'bench_serve.json'},{out / 'bench_serve.json'}"
     assert main(["bench-serve", "--compare", files, "--out", str(compared)]) == 0
     assert (compared / "throughput_vs_concurrency.png").is_file()
+    table = (compared / "summary.md").read_text()
+    assert "| fake | 0 |" in table and "c=2 tok/s" in table
 
 
 def test_bench_serve_without_a_server_is_a_clear_error(tmp_path, capsys):

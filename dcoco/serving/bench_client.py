@@ -7,7 +7,7 @@ sent once by `concurrency` worker threads (closed loop). Output tokens are the s
 `usage.completion_tokens`; τ and per-position acceptance come from deltas of vLLM's Prometheus
 counters on `/metrics` around the level (τ = 1 + Δaccepted / Δdrafts, the bonus token included).
 Writes `<out>/bench_serve.json` and `<out>/throughput_vs_concurrency.png`; `--compare a.json,b.json`
-only redraws the figure for several runs (one line per label and temperature).
+only tabulates (summary.md) and draws several runs (one line per label and temperature).
 """
 
 from __future__ import annotations
@@ -25,9 +25,16 @@ from pathlib import Path
 
 from dcoco.config import add_config_args, config_from_args
 from dcoco.errors import DcocoError
+from dcoco.serving.bench_report import (
+    compare_table,
+    console_table,
+    level_line,
+    plot_throughput,
+)
 
 RESULT_FILE = "bench_serve.json"
 PLOT_FILE = "throughput_vs_concurrency.png"
+COMPARE_FILE = "summary.md"
 SPEC_PREFIX = "vllm:spec_decode_num_"
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{([^}]*)\})?\s+(\S+)")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -43,6 +50,7 @@ class BenchServeConfig:
     prompts: str = ""  # one JSONL of suite records, used instead of --data-dir
     limit: int = 10  # prompts per suite (a fixed random sample); 0 = all
     concurrency: str = "1,4,8,16,32"  # comma-separated levels
+    rounds: int = 2  # each level sends max(prompts, rounds x concurrency) requests (prompts cycled)
     temperatures: str = "0"  # comma-separated, e.g. 0,1
     max_tokens: int = 256
     timeout_s: float = 600.0  # per request
@@ -67,6 +75,9 @@ def run(args) -> int:
         out = Path(config.out or "results/serve-compare")
         out.mkdir(parents=True, exist_ok=True)
         results = [json.loads(f.read_text()) for f in files]
+        table = compare_table(results)
+        (out / COMPARE_FILE).write_text(table + "\n")
+        print(table)
         print(plot_throughput(results, out / PLOT_FILE) or "matplotlib is not installed")
         return 0
     result, out = run_bench_serve(config)
@@ -313,15 +324,18 @@ def run_bench_serve(config: BenchServeConfig) -> tuple[dict, Path]:
     for temperature in temperatures:
         for concurrency in levels:
             before = _counters(base)
+            # enough requests that every stream stays busy: prompts are cycled to fill the level
+            count = max(len(texts), config.rounds * concurrency)
+            batch = [texts[i % len(texts)] for i in range(count)]
             records, wall = run_level(
-                base, model, texts, concurrency, config.max_tokens, temperature, config.timeout_s
+                base, model, batch, concurrency, config.max_tokens, temperature, config.timeout_s
             )
             after = _counters(base)
             level = {"temperature": temperature, "concurrency": concurrency}
             level |= aggregate(records, wall)
             level["spec"] = spec_delta(before, after) if before and after else None
             result["levels"].append(level)
-            print(_level_line(label, level), file=sys.stderr)
+            print(level_line(label, level), file=sys.stderr)
             (out / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n")
     if config.plots:
         plot_throughput([result], out / PLOT_FILE)
@@ -337,67 +351,3 @@ def _counters(base: str) -> dict | None:
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "server"
-
-
-def _fmt(value, digits: int = 2) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
-def _level_line(label: str, level: dict) -> str:
-    spec = level.get("spec") or {}
-    latency = level["latency_s"]
-    return (
-        f"[{label}] T={level['temperature']:g} c={level['concurrency']}: "
-        f"{level['output_tok_s']:.1f} tok/s, p50 {_fmt(latency['p50'])}s "
-        f"p90 {_fmt(latency['p90'])}s p99 {_fmt(latency['p99'])}s, tau {_fmt(spec.get('tau'))}, "
-        f"errors {level['errors']}"
-    )
-
-
-def console_table(result: dict) -> str:
-    lines = [
-        f"{result['label']} ({result['num_prompts']} prompts, {', '.join(result['suites'])})",
-        "| T | concurrency | tok/s | req/s | p50 s | p90 s | p99 s | τ | errors |",
-        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
-    ]
-    for level in result["levels"]:
-        spec = level.get("spec") or {}
-        latency = level["latency_s"]
-        lines.append(
-            f"| {level['temperature']:g} | {level['concurrency']} | {level['output_tok_s']:.1f} | "
-            f"{level['requests_per_s']:.2f} | {_fmt(latency['p50'])} | {_fmt(latency['p90'])} | "
-            f"{_fmt(latency['p99'])} | {_fmt(spec.get('tau'))} | {level['errors']} |"
-        )
-    return "\n".join(lines)
-
-
-def plot_throughput(results: list[dict], path: Path) -> Path | None:
-    """Output tok/s vs concurrency, one line per (label, temperature); None without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    for result in results:
-        for temperature in sorted({level["temperature"] for level in result["levels"]}):
-            levels = [lv for lv in result["levels"] if lv["temperature"] == temperature]
-            levels.sort(key=lambda lv: lv["concurrency"])
-            xs = [lv["concurrency"] for lv in levels]
-            ys = [lv["output_tok_s"] for lv in levels]
-            ax.plot(xs, ys, marker="o", label=f"{result['label']} T={temperature:g}")
-    ax.set_xscale("log", base=2)
-    ticks = sorted({lv["concurrency"] for result in results for lv in result["levels"]})
-    ax.set_xticks(ticks, [str(t) for t in ticks])
-    ax.set_xlabel("concurrent requests")
-    ax.set_ylabel("output tokens / s")
-    ax.set_ylim(bottom=0)
-    ax.set_title("throughput vs concurrency")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path

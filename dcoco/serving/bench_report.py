@@ -1,0 +1,92 @@
+"""Tables and the figure of `dcoco bench-serve` results (one run, or several compared)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _fmt(value, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def level_line(label: str, level: dict) -> str:
+    spec = level.get("spec") or {}
+    latency = level["latency_s"]
+    return (
+        f"[{label}] T={level['temperature']:g} c={level['concurrency']}: "
+        f"{level['output_tok_s']:.1f} tok/s, p50 {_fmt(latency['p50'])}s "
+        f"p90 {_fmt(latency['p90'])}s p99 {_fmt(latency['p99'])}s, tau {_fmt(spec.get('tau'))}, "
+        f"errors {level['errors']}"
+    )
+
+
+def console_table(result: dict) -> str:
+    lines = [
+        f"{result['label']} ({result['num_prompts']} prompts, {', '.join(result['suites'])})",
+        "| T | concurrency | tok/s | req/s | p50 s | p90 s | p99 s | τ | errors |",
+        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for level in result["levels"]:
+        spec = level.get("spec") or {}
+        latency = level["latency_s"]
+        lines.append(
+            f"| {level['temperature']:g} | {level['concurrency']} | {level['output_tok_s']:.1f} | "
+            f"{level['requests_per_s']:.2f} | {_fmt(latency['p50'])} | {_fmt(latency['p90'])} | "
+            f"{_fmt(latency['p99'])} | {_fmt(spec.get('tau'))} | {level['errors']} |"
+        )
+    return "\n".join(lines)
+
+
+def plot_throughput(results: list[dict], path: Path) -> Path | None:
+    """Output tok/s vs concurrency, one line per (label, temperature); None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for result in results:
+        for temperature in sorted({level["temperature"] for level in result["levels"]}):
+            levels = [lv for lv in result["levels"] if lv["temperature"] == temperature]
+            levels.sort(key=lambda lv: lv["concurrency"])
+            xs = [lv["concurrency"] for lv in levels]
+            ys = [lv["output_tok_s"] for lv in levels]
+            ax.plot(xs, ys, marker="o", label=f"{result['label']} T={temperature:g}")
+    ax.set_xscale("log", base=2)
+    ticks = sorted({lv["concurrency"] for result in results for lv in result["levels"]})
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.set_xlabel("concurrent requests")
+    ax.set_ylabel("output tokens / s")
+    ax.set_ylim(bottom=0)
+    ax.set_title("throughput vs concurrency")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def compare_table(results: list[dict]) -> str:
+    """Markdown: output tok/s per concurrency level for each (label, temperature), with τ."""
+    levels = sorted({lv["concurrency"] for result in results for lv in result["levels"]})
+    head = " | ".join(f"c={c} tok/s" for c in levels)
+    lines = [
+        f"| method | T | {head} | τ (per level) |",
+        "|---|--:|" + "--:|" * len(levels) + "---|",
+    ]
+    for result in results:
+        for temperature in sorted({lv["temperature"] for lv in result["levels"]}):
+            by_level = {
+                lv["concurrency"]: lv for lv in result["levels"] if lv["temperature"] == temperature
+            }
+            cells = [_fmt(by_level[c]["output_tok_s"], 1) if c in by_level else "-" for c in levels]
+            taus = [
+                _fmt((by_level[c].get("spec") or {}).get("tau")) for c in levels if c in by_level
+            ]
+            lines.append(
+                f"| {result['label']} | {temperature:g} | {' | '.join(cells)} | {' '.join(taus)} |"
+            )
+    return "\n".join(lines)

@@ -1,0 +1,43 @@
+"""`dcoco heldout`: one set of blocks for every method; an untrained corrector scores exactly as its
+drafter does, and τ is the mean accepted prefix + 1."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dcoco.data.distill import Sample
+from dcoco.eval.heldout import HeldoutConfig, markdown_table, measure
+from dcoco.models.corrector import Corrector, CorrectorConfig
+from dcoco.models.drafter import BlockDrafter, DrafterConfig
+from dcoco.models.head_io import save_with_head
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_heldout_compares_methods_on_the_same_blocks(tiny_llama_target, tmp_path):
+    target = tiny_llama_target
+    config = DrafterConfig.for_target(target, num_layers=1, block_size=5, mask_token_id=3,
+                                      target_layer_ids=(0, 2))  # fmt: skip
+    torch.manual_seed(0)
+    drafter = BlockDrafter(config, target.embed_tokens, target.lm_head)
+    corrector = Corrector(CorrectorConfig(64, top_k=4, mlp_hidden=8), target.embed_tokens)
+    path = save_with_head(tmp_path / "dcoco", drafter, corrector, target.info, torch.float32)
+    # Replies the drafter partly predicts: its own greedy drafts, so acceptance is not all zero.
+    generator = torch.Generator().manual_seed(0)
+    samples = []
+    for i in range(4):
+        prompt = torch.randint(5, 128, (6,), generator=generator).tolist()
+        samples.append(Sample(f"s{i}", tuple(prompt), tuple(prompt * 3)))
+    settings = HeldoutConfig(
+        methods=f"dflash@{path},dcoco@{path},dcoco:global@{path}", slots=(1, 2, 4),
+        anchors_per_seq=0,
+    )  # fmt: skip
+    result = measure(settings, target=target, samples=samples)
+    rows = result["methods"]
+    assert rows[f"dflash@{path}"] == rows[f"dcoco@{path}"]  # zero-init head: the drafter's draft
+    for row in rows.values():
+        assert row["blocks"] == 4 * 14  # anchors 6 .. 19 of 24 tokens: every full block
+        assert row["tau"]["1"] == pytest.approx(1 + row["per_position"][0], abs=1e-4)
+        assert row["tau"]["1"] <= row["tau"]["2"] <= row["tau"]["4"] <= 5
+    assert f"| dcoco@{path} |" in markdown_table(result)
