@@ -56,7 +56,7 @@ train-drafter: venv
 # Stages 1-4: the drafter trained on, the draft heads (drop-in and joint) and the corrector
 # ablations, all at one budget (scripts/train_smollm2.sh says what each stage is); then
 # `make ship-heads` copies the results into checkpoints/.
-TRAIN_ENV ?= THREADS=1 STEPS=60 HEAD_STEPS=60
+TRAIN_ENV ?= THREADS=1 STEPS=60 HEAD_STEPS=60 EVAL_EVERY=60 ABLATIONS=1
 train-heads: venv
 	$(TRAIN_ENV) scripts/train_smollm2.sh
 ship-heads:

@@ -10,8 +10,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 METHODS=${METHODS:-"plain dflash dcoco dspark domino"}
 OUT=${OUT:-results/smollm2-vllm-serve}
-LIMIT=${LIMIT:-3}            # prompts per suite (gsm8k, humaneval, mtbench)
-MAX_TOKENS=${MAX_TOKENS:-64}
+LIMIT=${LIMIT:-2}            # prompts per suite (gsm8k, humaneval, mtbench)
+MAX_TOKENS=${MAX_TOKENS:-48}
 CONC=${CONC:-1,4,8,16,32}
 TEMPS=${TEMPS:-0,1}
 DRAFTS=${DRAFTS:-3}          # draft tokens per cycle for every drafter method

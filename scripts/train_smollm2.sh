@@ -6,12 +6,13 @@
 #
 #   stage 0 (make train-drafter): the base drafter, 400 steps           -> checkpoints/.../dflash-base
 #   stage 1: the base drafter trained on           STEPS more steps     -> dflash (the baseline)
-#   stage 2: drop-in heads over the frozen stage-1 drafter, HEAD_STEPS -> dcoco-dropin, dspark,
-#            domino
-#   stage 3: base drafter + DCOCO corrector, joint, STEPS steps         -> dcoco
-#   stage 4: the corrector ablations, drop-in (no pair state, no candidate representation)
+#   stage 2: the DCOCO corrector, drop-in over the frozen stage-1 drafter -> dcoco-dropin
+#   stage 3: base drafter + DCOCO corrector, joint, STEPS steps            -> dcoco
+#   stage 4: the sequential heads, drop-in like stage 2                    -> dspark, domino
+#   stage 5: the corrector ablations, drop-in (no pair state, no candidate representation)
 #
-# Usage: scripts/train_smollm2.sh [BASE_DRAFTER_DIR]   (env: STEPS, HEAD_STEPS, RUNS, DCOCO, THREADS)
+# Usage: scripts/train_smollm2.sh [BASE_DRAFTER_DIR]   (env: STEPS, HEAD_STEPS, EVAL_EVERY, ABLATIONS,
+#                                                     RUNS, DCOCO, THREADS)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DCOCO=${DCOCO:-.venv/bin/dcoco}
@@ -21,7 +22,7 @@ HEAD_STEPS=${HEAD_STEPS:-60}
 THREADS=${THREADS:-2}
 BASE=${1:-checkpoints/smollm2-135m-instruct/dflash-base}
 COMMON=(--batch-size 4 --anchors-per-seq 64 --loss-vocab 16000 --seed 1
-        --feature-cache "$RUNS/features" --eval-every 40 --save-every 20 --heldout 32
+        --feature-cache "$RUNS/features" --eval-every ${EVAL_EVERY:-40} --save-every 20 --heldout 32
         --threads "$THREADS")
 
 done_run() { [ -f "$1/provenance.json" ]; }
@@ -39,6 +40,10 @@ done_run "$RUNS/dcoco-dropin/dcoco" ||
   "$DCOCO" train-corrector --head dcoco --mode dropin --init "$DRAFTER" \
     --out "$RUNS/dcoco-dropin" --lr 3e-3 "${COMMON[@]}" ||
   failed dcoco-dropin
+done_run "$RUNS/dcoco-joint/dcoco" ||
+  "$DCOCO" train-corrector --head dcoco --mode joint --init "$BASE" --out "$RUNS/dcoco-joint" \
+    --lr 6e-4 "${COMMON[@]}" --max-steps "$STEPS" ||
+  failed dcoco-joint
 done_run "$RUNS/dspark/dspark" ||
   "$DCOCO" train-corrector --head dspark --mode dropin --init "$DRAFTER" --out "$RUNS/dspark" \
     --lr 3e-3 --rank 64 "${COMMON[@]}" ||
@@ -47,10 +52,8 @@ done_run "$RUNS/domino/domino" ||
   "$DCOCO" train-corrector --head domino --mode dropin --init "$DRAFTER" --out "$RUNS/domino" \
     --lr 3e-3 --mlp-hidden 128 --lambda-warm 0 "${COMMON[@]}" ||
   failed domino
-done_run "$RUNS/dcoco-joint/dcoco" ||
-  "$DCOCO" train-corrector --head dcoco --mode joint --init "$BASE" --out "$RUNS/dcoco-joint" \
-    --lr 6e-4 "${COMMON[@]}" --max-steps "$STEPS" ||
-  failed dcoco-joint
+# The ablations are opt-in (ABLATIONS=1): two more drop-in runs.
+[ "${ABLATIONS:-0}" = 1 ] || { echo "runs done under $RUNS ($FAILURES failed)"; exit "$FAILURES"; }
 done_run "$RUNS/dcoco-nopair/dcoco" ||
   "$DCOCO" train-corrector --head dcoco --mode dropin --init "$DRAFTER" \
     --out "$RUNS/dcoco-nopair" --lr 3e-3 --no-use-pair-state "${COMMON[@]}" ||
