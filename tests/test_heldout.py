@@ -41,3 +41,23 @@ def test_heldout_compares_methods_on_the_same_blocks(tiny_llama_target, tmp_path
         assert row["tau"]["1"] == pytest.approx(1 + row["per_position"][0], abs=1e-4)
         assert row["tau"]["1"] <= row["tau"]["2"] <= row["tau"]["4"] <= 5
     assert f"| dcoco@{path} |" in markdown_table(result)
+
+
+def test_heldout_reuses_rows_of_an_earlier_run_with_the_same_settings(tmp_path):
+    import json
+    from dataclasses import asdict
+
+    from dcoco.eval.heldout import JSON_FILE, _earlier_rows
+
+    config = HeldoutConfig(methods="dflash", out=str(tmp_path))
+    row = {"blocks": 1, "tau": {"3": 1.5, "15": 1.5}, "per_position": [0.5]}
+    (tmp_path / JSON_FILE).write_text(
+        json.dumps({"config": asdict(config), "methods": {"dspark": row}})
+    )
+    wider = HeldoutConfig(methods="dflash,dspark", out=str(tmp_path))
+    assert _earlier_rows(tmp_path / JSON_FILE, wider) == {"dspark": row}
+    other = HeldoutConfig(methods="dflash,dspark", out=str(tmp_path), anchors_per_seq=8)
+    assert _earlier_rows(tmp_path / JSON_FILE, other) == {}  # other blocks: measure again
+    assert measure(wider, target=object(), samples=[], done={"dflash": row, "dspark": row})[
+        "methods"
+    ] == {"dflash": row, "dspark": row}

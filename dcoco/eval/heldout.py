@@ -60,8 +60,8 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     config = config_from_args(HeldoutConfig, args)
-    result = measure(config)
     out = Path(config.out)
+    result = measure(config, done=_earlier_rows(out / JSON_FILE, config))
     out.mkdir(parents=True, exist_ok=True)
     (out / JSON_FILE).write_text(json.dumps(result, indent=2) + "\n")
     table = markdown_table(result)
@@ -71,7 +71,20 @@ def run(args) -> int:
     return 0
 
 
-def measure(config: HeldoutConfig, target=None, samples=None) -> dict:
+def _earlier_rows(path: Path, config: HeldoutConfig) -> dict:
+    """Rows of an earlier run in the same output dir with the same settings (methods aside), so
+    adding a method to the table measures only that method."""
+    if not path.is_file():
+        return {}
+    earlier = json.loads(path.read_text())
+    settings = {k: v for k, v in asdict(config).items() if k != "methods"}
+    stored = {k: v for k, v in earlier.get("config", {}).items() if k != "methods"}
+    stored["slots"] = tuple(stored.get("slots", ()))
+    return earlier.get("methods", {}) if stored == settings else {}
+
+
+def measure(config: HeldoutConfig, target=None, samples=None, done: dict | None = None) -> dict:
+    """Rows for every method of `config`; those in `done` (method -> row) are reused."""
     if config.threads > 0:
         torch.set_num_threads(config.threads)
     methods = [check_method(m) for m in config.methods.split(",") if m.strip()]
@@ -82,6 +95,9 @@ def measure(config: HeldoutConfig, target=None, samples=None) -> dict:
         _, samples = split_heldout(load_corpus(config.corpus), config.records)
     rows = {}
     for method in methods:
+        if done and method in done:
+            rows[method] = done[method]
+            continue
         proposer = build_proposer(method, target, MethodOptions())
         if proposer is None or not hasattr(proposer, "drafter"):
             raise DcocoError(f"'{method}' is not a drafter method")
