@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 METHODS=${METHODS:-"plain dflash dcoco dspark domino"}
 OUT=${OUT:-results/smollm2-vllm-serve}
 LIMIT=${LIMIT:-2}            # prompts per suite (gsm8k, humaneval, mtbench)
-MAX_TOKENS=${MAX_TOKENS:-48}
+MAX_TOKENS=${MAX_TOKENS:-32}
 CONC=${CONC:-1,4,8,16,32}
 TEMPS=${TEMPS:-0,1}
 DRAFTS=${DRAFTS:-3}          # draft tokens per cycle for every drafter method
