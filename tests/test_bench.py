@@ -146,3 +146,42 @@ def test_bench_runs_head_methods_on_an_arbitrary_file(config, target, tmp_path):
     assert any(r["time_s"]["correct"] > 0 for r in by_method[f"dcoco@{dcoco_dir}"].values())
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary
+
+
+def test_heldout_on_a_bench_run_rebuilds_its_prompts(run_dir, target, tmp_path):
+    """`heldout --bench-run`: each (prompt, turn) comes back with the exact context plain decoded
+    from (decoding it again gives the same reply, second MT-Bench turns included), and the rows
+    split by suite."""
+    from dcoco.contracts import SamplingParams
+    from dcoco.decode.engine import Engine
+    from dcoco.eval.bench_corpus import bench_samples
+    from dcoco.eval.heldout import HeldoutConfig, markdown_table, measure
+    from dcoco.models.drafter import BlockDrafter, DrafterConfig
+    from dcoco.models.drafter_io import save_drafter
+
+    samples = bench_samples(run_dir, target)
+    assert sorted(s.id for s in samples) == sorted(
+        f"{r['suite']}/{r['id']}/{r['turn']}"
+        for r in read_samples(run_dir)
+        if r["method"] == "plain" and r["temperature"] == 0
+    )
+    assert any(s.id.endswith("/2") for s in samples)
+    engine = Engine(target)
+    for sample in samples:
+        again = engine.generate(list(sample.prompt_ids), 12, SamplingParams(), seed=0)
+        assert tuple(again.new_ids) == sample.response_ids, sample.id
+
+    config = DrafterConfig.for_target(target, num_layers=1, block_size=4, mask_token_id=3,
+                                      target_layer_ids=(0, 2))  # fmt: skip
+    torch.manual_seed(0)
+    drafter = BlockDrafter(config, target.embed_tokens, target.lm_head)
+    path = save_drafter(tmp_path / "d", drafter, target.info, torch.float32)
+    settings = HeldoutConfig(methods=f"dflash@{path}", slots=(1, 3), anchors_per_seq=0,
+                             bench_run=str(run_dir))  # fmt: skip
+    result = measure(settings, target=target)
+    row = result["methods"][f"dflash@{path}"]
+    assert set(row["suites"]) == {"gsm8k", "mtbench"}
+    assert sum(part["blocks"] for part in row["suites"].values()) == row["blocks"]
+    assert "τ per suite" in markdown_table(result)
+    with pytest.raises(DcocoError, match="not a `dcoco bench` run"):
+        bench_samples(tmp_path, target)

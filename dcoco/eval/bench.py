@@ -76,7 +76,7 @@ def run_bench(
     temperatures = _parse_temperatures(config.temperatures)
     if config.temperature != 0:
         raise DcocoError("bench sweeps a list: use --temperatures, not --temperature")
-    prompts = _load(config)
+    prompts = load_bench_prompts(config)
     if not prompts:
         raise DcocoError("no prompts to run: the chosen suites are empty")
     run_dir = _open_run_dir(config)
@@ -189,7 +189,7 @@ def _parse_temperatures(text: str) -> list[float]:
     return list(dict.fromkeys(temperatures))
 
 
-def _load(config: BenchConfig) -> list[Prompt]:
+def load_bench_prompts(config: BenchConfig) -> list[Prompt]:
     if config.source == "hf":
         from dcoco.eval.hf_suites import load_hub_prompts
 

@@ -9,6 +9,8 @@ forward. Every method sees the same blocks (same sequences, same anchors), so th
 drafters, heads and selection rules like with like, on thousands of blocks in minutes.
 
 The `slots` caps give τ when a cycle drafts only the first c slots (as `--num-draft-tokens c`).
+`--bench-run DIR` measures on the prompts of a `dcoco bench` run instead (plain's T=0 replies,
+see eval/bench_corpus.py), with a row per suite as well.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from torch import Tensor
 from tqdm import tqdm
 
 from dcoco.config import add_config_args, config_from_args
@@ -45,6 +48,7 @@ class HeldoutConfig:
     dtype: str = "fp32"
     threads: int = 0
     feature_cache: str = ""  # directory of cached target features (as in training)
+    bench_run: str = ""  # a `dcoco bench` run dir: its plain T=0 replies replace the corpus
     out: str = "results/heldout"
 
 
@@ -91,7 +95,11 @@ def measure(config: HeldoutConfig, target=None, samples=None, done: dict | None 
     if not methods:
         raise DcocoError("--methods is empty")
     target = target or load_target(config.target, config.dtype)
-    if samples is None:
+    if samples is None and config.bench_run:
+        from dcoco.eval.bench_corpus import bench_samples
+
+        samples = bench_samples(config.bench_run, target)
+    elif samples is None:
         _, samples = split_heldout(load_corpus(config.corpus), config.records)
     rows = {}
     for method in methods:
@@ -111,11 +119,12 @@ def _accept(proposer, target, samples, config: HeldoutConfig) -> dict:
     features = TargetFeatures(target, drafter.config.target_layer_ids, config.feature_cache)
     generator = torch.Generator().manual_seed(0)  # the same anchors for every method
     anchors = config.anchors_per_seq or 1 << 30  # 0: every response position
-    corrects = []
+    corrects: dict[str, list[Tensor]] = {}  # suite ("" for corpus records) -> [blocks, slots]
     with torch.no_grad():
         for sample in tqdm(samples, unit="seq", file=sys.stderr, desc=proposer.name):
             if len(sample.response_ids) < block_size:
                 continue
+            suite = sample.id.split("/")[0] if config.bench_run else ""
             item = prepare_item(sample, features, anchors, block_size, generator)
             for chunk in block_chunks(drafter, item, 32):
                 logits = drafter.logits(chunk.hidden).float()  # [blocks, slots, vocab]
@@ -124,14 +133,23 @@ def _accept(proposer, target, samples, config: HeldoutConfig) -> dict:
                     if head is None
                     else head.select(chunk.hidden, logits, chunk.anchor_ids)
                 )
-                corrects.append((drafted == chunk.label_ids).cpu())
-    correct = torch.cat(corrects)  # [blocks, slots]
+                corrects.setdefault(suite, []).append((drafted == chunk.label_ids).cpu())
+    if not corrects:
+        raise DcocoError(f"no reply is as long as a block ({block_size} tokens)")
+    row = _summary(torch.cat([c for parts in corrects.values() for c in parts]), config.slots)
+    if config.bench_run:
+        row["suites"] = {
+            suite: _summary(torch.cat(parts), config.slots) for suite, parts in corrects.items()
+        }
+    return row
+
+
+def _summary(correct: Tensor, slots: tuple[int, ...]) -> dict:
+    """τ per slot cap and per-slot conditional acceptance of `correct` [blocks, slots]."""
     prefix = correct.long().cumprod(dim=1)  # [blocks, slots]: slot reached and accepted
     reached = torch.cat([torch.ones_like(prefix[:, :1]), prefix[:, :-1]], dim=1)
     conditional = prefix.sum(0).float() / reached.sum(0).clamp(min=1)
-    taus = {
-        str(c): round((prefix[:, :c].sum(1) + 1).float().mean().item(), 4) for c in config.slots
-    }
+    taus = {str(c): round((prefix[:, :c].sum(1) + 1).float().mean().item(), 4) for c in slots}
     return {
         "blocks": correct.shape[0],
         "tau": taus,
@@ -141,18 +159,41 @@ def _accept(proposer, target, samples, config: HeldoutConfig) -> dict:
 
 def markdown_table(result: dict) -> str:
     caps = result["config"]["slots"]
-    first = result["methods"][next(iter(result["methods"]))]
+    rows = result["methods"]
+    first = rows[next(iter(rows))]
+    source = result["config"].get("bench_run")
+    what = (
+        f"blocks at every reply position of {source} (plain's T=0 replies)"
+        if source
+        else "held-out blocks"
+    )
     lines = [
-        f"{first['blocks']} held-out blocks from {result['sequences']} sequences (the target's "
-        "greedy replies), same anchors for every method.",
+        f"{first['blocks']} {what}, from {result['sequences']} sequences (the target's greedy "
+        "replies), same anchors for every method.",
         "",
         "| method | "
         + " | ".join(f"τ ({c} slots)" for c in caps)
         + " | acceptance at slot 1 / 2 / 3 / 4 (given the earlier ones) |",
         "|---|" + "--:|" * len(caps) + "---|",
     ]
-    for method, row in result["methods"].items():
+    for method, row in rows.items():
         taus = " | ".join(f"{row['tau'][str(c)]:.3f}" for c in caps)
         positions = " / ".join(f"{v:.3f}" for v in row["per_position"][:4])
         lines.append(f"| {method} | {taus} | {positions} |")
+    if "suites" in first:
+        suites = list(first["suites"])
+        caption = " / ".join(str(c) for c in caps)
+        lines += [
+            "",
+            f"τ per suite ({caption} slots):",
+            "",
+            "| method | " + " | ".join(suites) + " |",
+            "|---|" + "--:|" * len(suites),
+        ]
+        for method, row in rows.items():
+            cells = (
+                " / ".join(f"{row['suites'][suite]['tau'][str(c)]:.3f}" for c in caps)
+                for suite in suites
+            )
+            lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
