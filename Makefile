@@ -80,13 +80,15 @@ heldout: venv
 	$(VENV)/bin/dcoco heldout --methods $(subst $(eval) ,,$(HELDOUT_METHODS)) \
 	    --feature-cache runs/features --out results/smollm2-heldout
 
-# The issue-4 ablations on the prompts `make bench-heads` decoded (plain's T=0 replies, every reply
-# position; no decoding): selection rules, no pair state, no candidate representation.
+# The issue-4 ablations on the prompts `make bench-heads` decoded (plain's T=0 replies, 64 anchors
+# a reply; no decoding): selection rules, no pair state, no candidate representation. The two
+# architecture ablations come from `make train-heads` (ABLATIONS=1 in TRAIN_ENV).
 ABLATION_METHODS ?= dflash,dcoco@dcoco-dropin,dcoco:global@dcoco-dropin,\
 	dcoco:discounted@dcoco-dropin,dcoco@runs/dcoco-nopair/dcoco,dcoco@runs/dcoco-nocand/dcoco,dcoco
 heldout-bench: venv
 	$(VENV)/bin/dcoco heldout --methods $(subst $(eval) ,,$(ABLATION_METHODS)) \
-	    --bench-run results/smollm2-heads-t0 --anchors-per-seq 0 --slots 3,15 \
+	    --bench-run results/smollm2-heads-t0 --anchors-per-seq 64 --slots 3,15 \
+	    --feature-cache runs/features-bench \
 	    --out results/smollm2-heads-ablations
 
 # Top-k coverage of the shipped drafter (the corrector's headroom).
