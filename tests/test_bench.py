@@ -185,3 +185,13 @@ def test_heldout_on_a_bench_run_rebuilds_its_prompts(run_dir, target, tmp_path):
     assert "τ per suite" in markdown_table(result)
     with pytest.raises(DcocoError, match="not a `dcoco bench` run"):
         bench_samples(tmp_path, target)
+
+
+def test_every_report_table_has_as_many_separators_as_header_cells(run_dir):
+    lines = (run_dir / "report.md").read_text().splitlines()
+    tables = 0
+    for header, separator in zip(lines, lines[1:], strict=False):
+        if separator.startswith("|---"):
+            tables += 1
+            assert header.count("|") == separator.count("|"), header
+    assert tables >= 5
