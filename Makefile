@@ -65,8 +65,9 @@ ship-heads:
 	  run=$${pair%%/*}; src=runs/$${pair%%:*}; dst=$(CKPTS)/$${pair##*:}; \
 	  mkdir -p $$dst && cp $$src/* runs/$$run/train_log.jsonl $$dst/; done
 
-# Issue-4/6 measurement: plain, the drafter, and every head, interleaved, T=0.
-HEAD_METHODS ?= plain,dflash,dcoco@dcoco-dropin,dcoco,dspark,domino
+# Issue-3/4 measurement: plain, the drafter and both DCOCO checkpoints, interleaved, T=0 (2 h 23 min
+# on 2 cores); add dspark,domino to HEAD_METHODS for the sequential heads.
+HEAD_METHODS ?= plain,dflash,dcoco@dcoco-dropin,dcoco
 bench-heads: venv
 	$(VENV)/bin/dcoco bench --methods $(HEAD_METHODS) --suites gsm8k,humaneval,mtbench \
 	    --limit 20 --max-new-tokens 256 --temperatures 0 --num-draft-tokens 3 \
