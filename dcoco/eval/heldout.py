@@ -163,7 +163,7 @@ def markdown_table(result: dict) -> str:
     first = rows[next(iter(rows))]
     source = result["config"].get("bench_run")
     what = (
-        f"blocks at every reply position of {source} (plain's T=0 replies)"
+        f"blocks after reply positions of {source} (plain's T=0 replies)"
         if source
         else "held-out blocks"
     )
