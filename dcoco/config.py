@@ -59,8 +59,13 @@ def add_config_args(
 
 def config_from_args(cls: type[T], args: argparse.Namespace) -> T:
     """Build `cls` from the parsed flags that `add_config_args` added."""
+    return config_from_dict(cls, vars(args))
+
+
+def config_from_dict(cls: type[T], values: dict) -> T:
+    """Build `cls` from `values` (parsed flags, a stored config); extra keys are ignored."""
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    return cls(**{k: v for k, v in vars(args).items() if k in names})
+    return cls(**{k: v for k, v in values.items() if k in names})
 
 
 def config_to_json(config: Any) -> str:

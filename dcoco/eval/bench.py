@@ -131,10 +131,10 @@ class _Runner:
 
     def run_prompt(self, prompt: Prompt, temperature: float) -> None:
         sampling = dataclasses.replace(self.config, temperature=temperature).sampling()
-        chats: dict[str, list[dict]] = {method: [] for method in self.engines}
-        for turn, text in enumerate(prompt.turns, 1):
+        answers: dict[str, list[str]] = {method: [] for method in self.engines}
+        for turn in range(1, len(prompt.turns) + 1):
             for method, engine in self.engines.items():
-                messages = [*chats[method], {"role": "user", "content": text}]
+                messages = turn_messages(prompt, turn, answers[method])
                 record = self.done.get((method, temperature, prompt.suite, prompt.id, turn))
                 if record is None:
                     self.bar.set_postfix_str(f"T={temperature:g} {prompt.suite} {method}")
@@ -147,8 +147,7 @@ class _Runner:
                         ) from error
                     self.writer.write(record)
                     self.bar.update(1)
-                # a later turn follows this method's own answer, as a user would see it
-                chats[method] = [*messages, {"role": "assistant", "content": record["text"]}]
+                answers[method].append(record["text"])
 
     def _generate(self, engine: Engine, sampling: SamplingParams, messages: list[dict]) -> dict:
         prompt_ids = self.target.encode_chat(messages, chat=self.config.chat)
@@ -163,6 +162,15 @@ class _Runner:
     def close(self) -> None:
         self.writer.close()
         self.bar.close()
+
+
+def turn_messages(prompt: Prompt, turn: int, answers: list[str]) -> list[dict]:
+    """The chat a method sees at `turn` (1-based): each earlier user turn followed by that
+    method's own answer to it (as a user would see it), then this turn's user message."""
+    messages = []
+    for text, answer in zip(prompt.turns[: turn - 1], answers[: turn - 1], strict=True):
+        messages += [{"role": "user", "content": text}, {"role": "assistant", "content": answer}]
+    return [*messages, {"role": "user", "content": prompt.turns[turn - 1]}]
 
 
 def _describe(prompt: Prompt, turn: int, method: str, temperature: float) -> dict:

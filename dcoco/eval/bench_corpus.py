@@ -9,13 +9,13 @@ prompt is rebuilt as the bench built it: earlier user turns and plain's own earl
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
+from dcoco.config import config_from_dict
 from dcoco.data.distill import Sample
 from dcoco.errors import DcocoError
-from dcoco.eval.bench import CONFIG_FILE, BenchConfig, load_bench_prompts
+from dcoco.eval.bench import CONFIG_FILE, BenchConfig, load_bench_prompts, turn_messages
 from dcoco.eval.samples import read_samples
 
 
@@ -26,8 +26,7 @@ def bench_samples(run_dir: str | Path, target, method: str = "plain") -> list[Sa
     if not (run / CONFIG_FILE).is_file():
         raise DcocoError(f"{run} is not a `dcoco bench` run: no {CONFIG_FILE}")
     stored = json.loads((run / CONFIG_FILE).read_text())["config"]
-    names = {field.name for field in dataclasses.fields(BenchConfig)}
-    config = BenchConfig(**{k: v for k, v in stored.items() if k in names})
+    config = config_from_dict(BenchConfig, stored)
     prompts = {(prompt.suite, prompt.id): prompt for prompt in load_bench_prompts(config)}
     replies = {
         (r["suite"], r["id"], r["turn"]): r
@@ -41,16 +40,10 @@ def bench_samples(run_dir: str | Path, target, method: str = "plain") -> list[Sa
         prompt = prompts.get((suite, prompt_id))
         if prompt is None:
             raise DcocoError(f"{run}: sample {suite}/{prompt_id} is not among the run's prompts")
-        messages = []
-        for earlier in range(1, turn):
-            answer = replies.get((suite, prompt_id, earlier))
-            if answer is None:
-                raise DcocoError(f"{run}: {suite}/{prompt_id} turn {turn} lacks turn {earlier}")
-            messages += [
-                {"role": "user", "content": prompt.turns[earlier - 1]},
-                {"role": "assistant", "content": answer["text"]},
-            ]
-        messages.append({"role": "user", "content": prompt.turns[turn - 1]})
+        earlier = [replies.get((suite, prompt_id, number)) for number in range(1, turn)]
+        if None in earlier:
+            raise DcocoError(f"{run}: {suite}/{prompt_id} turn {turn} lacks an earlier turn")
+        messages = turn_messages(prompt, turn, [answer["text"] for answer in earlier])
         prompt_ids = target.encode_chat(messages, chat=config.chat)
         samples.append(
             Sample(f"{suite}/{prompt_id}/{turn}", tuple(prompt_ids), tuple(record["new_ids"]))
