@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -120,3 +121,15 @@ def test_loss_vocab_keeps_the_most_frequent_reply_tokens(tiny_llama_target):
     full = tiny_llama_target.lm_head(hidden)
     torch.testing.assert_close(vocab.logits(hidden), full[:, [7, 9]])
     assert LossVocab.most_frequent(drafter, samples, 0).vocab_ids is None
+
+
+@pytest.mark.parametrize(
+    "flags", [dict(use_pair_state=False), dict(use_candidate_repr=False), dict(top_k=0)]
+)
+def test_head_fields_pass_ablation_flags_and_leave_unset_sizes_to_defaults(flags):
+    drafter = SimpleNamespace(config=SimpleNamespace(hidden_size=64, vocab_size=128))
+    config = HeadTrainConfig(head="dcoco", init="unused", mlp_hidden=0, **flags)
+    fields = config.head_fields(drafter)
+    for name, value in flags.items():
+        assert fields[name] == value  # a False flag is a choice, not an unset size
+    assert "mlp_hidden" not in fields  # 0 = the head's own default width

@@ -63,8 +63,13 @@ class HeadTrainConfig(DrafterTrainConfig):
         return {
             name: value
             for name, value in fields.items()
-            if name in known and not (isinstance(value, int) and value == 0 and name != "top_k")
+            if name in known and not (_unset_size(value) and name != "top_k")
         }
+
+
+def _unset_size(value) -> bool:
+    """A 0 size means "the head's default"; booleans are never sizes (False == 0 in Python)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value == 0
 
 
 HEAD_HELPS = {
