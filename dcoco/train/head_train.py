@@ -25,6 +25,8 @@ from dcoco.train.drafter_train import HELPS, DrafterTrainConfig
 from dcoco.train.loop import HeadSetup, run_training
 
 MODES = ("joint", "dropin")
+# Head sizes whose flag value 0 means "the head's own default" (its width differs per head kind).
+HEAD_DEFAULT_SIZES = ("mlp_hidden", "rank", "state_size")
 
 
 @dataclass
@@ -63,13 +65,8 @@ class HeadTrainConfig(DrafterTrainConfig):
         return {
             name: value
             for name, value in fields.items()
-            if name in known and not (_unset_size(value) and name != "top_k")
+            if name in known and not (name in HEAD_DEFAULT_SIZES and value == 0)
         }
-
-
-def _unset_size(value) -> bool:
-    """A 0 size means "the head's default"; booleans are never sizes (False == 0 in Python)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value == 0
 
 
 HEAD_HELPS = {
