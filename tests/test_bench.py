@@ -12,8 +12,8 @@ from conftest import CharTokenizer, make_tiny_target
 
 from dcoco.cli import main
 from dcoco.errors import DcocoError
-from dcoco.eval.bench import BenchConfig, run_bench
-from dcoco.eval.samples import read_samples
+from dcoco.eval.bench import BenchConfig, load_bench_prompts, round_robin, run_bench
+from dcoco.eval.samples import read_samples, sample_key
 
 ROWS = [
     {"id": "g1", "suite": "gsm8k", "category": "math", "turns": ["2+2?"]},
@@ -94,6 +94,35 @@ def test_resume_skips_done_samples_and_a_rerun_needs_it(run_dir, config, target)
     assert len(json.loads((run_dir / "config.json").read_text())["sessions"]) == 2
     with pytest.raises(DcocoError, match="--resume"):
         run_bench(dataclasses.replace(config, plots=False), target=target, progress=False)
+
+
+def test_shards_split_every_suite_and_together_make_the_whole_run(run_dir, config, target):
+    """Two shards of one run: each gets a share of every suite, none overlaps, and the union of
+    their sample files is the unsharded run's set of samples, with equal greedy outputs (fp32)."""
+    prompts = load_bench_prompts(config)
+    halves = [round_robin(prompts, shard, 2) for shard in (0, 1)]
+    assert sorted(p.id for half in halves for p in half) == sorted(p.id for p in prompts)
+    assert all({p.suite for p in half} == {"gsm8k", "mtbench"} for half in halves)
+    assert [p.suite for p in round_robin(prompts)] == ["gsm8k", "mtbench", "gsm8k", "mtbench"]
+
+    sharded = dataclasses.replace(config, run_name="sharded", shards=2, plots=False)
+    for shard in (0, 1):
+        run_bench(dataclasses.replace(sharded, shard=shard), target=target, progress=False)
+    shard_dir = run_dir.parent / "sharded"
+    assert sorted(path.name for path in shard_dir.glob("samples*.jsonl")) == [
+        "samples.shard0of2.jsonl",
+        "samples.shard1of2.jsonl",
+    ]
+    whole = {sample_key(r): r for r in read_samples(run_dir)}
+    parts = {sample_key(r): r for r in read_samples(shard_dir)}
+    assert parts.keys() == whole.keys()
+    for key, record in parts.items():
+        if key[1] == 0:
+            assert record["new_ids"] == whole[key]["new_ids"], key
+    sessions = json.loads((shard_dir / "config.json").read_text())["sessions"]
+    assert [session["shard"] for session in sessions] == ["0/2", "1/2"]
+    with pytest.raises(DcocoError, match="--shard must be"):
+        run_bench(dataclasses.replace(sharded, shard=2, resume=True), target=target)
 
 
 def test_bench_report_rebuilds_from_samples(run_dir):

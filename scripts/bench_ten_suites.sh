@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The ten-suite report: every method on all ten suites at T=0 and T=1, SmolLM2 bf16, batch 1.
+# The prompts are split over SHARDS single-threaded `dcoco bench` processes writing one run (on a
+# 2-core CPU two 1-thread processes decode ~1.6x the tokens of one 2-thread process); each shard
+# interleaves the methods prompt by prompt. Always --resume: rerun the script to continue a run
+# that was stopped; it ends by rebuilding report.md and the plots from every shard's samples.
+#
+# Usage: scripts/bench_ten_suites.sh   (env: METHODS, RUN, LIMIT, MAX_TOKENS, TEMPS, DRAFTS,
+#                                       SHARDS, THREADS, LOGS)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+METHODS=${METHODS:-plain,pld,dflash,dcoco,dspark,domino}
+RUN=${RUN:-smollm2-ten-suites}
+LIMIT=${LIMIT:-10}           # prompts per suite (MT-Bench: two turns each)
+MAX_TOKENS=${MAX_TOKENS:-256}
+TEMPS=${TEMPS:-0,1}
+DRAFTS=${DRAFTS:-3}          # draft tokens per cycle for every drafter method
+SHARDS=${SHARDS:-2}
+THREADS=${THREADS:-1}        # torch threads per shard
+LOGS=${LOGS:-runs}
+mkdir -p "$LOGS"
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null || true' INT TERM
+for ((shard = 0; shard < SHARDS; shard++)); do
+  .venv/bin/dcoco bench --methods "$METHODS" --suites all --limit "$LIMIT" \
+      --max-new-tokens "$MAX_TOKENS" --temperatures "$TEMPS" --num-draft-tokens "$DRAFTS" \
+      --run-name "$RUN" --resume --no-plots --shards "$SHARDS" --shard "$shard" \
+      --threads "$THREADS" > "$LOGS/bench-ten-$shard.log" 2>&1 &
+  pids+=($!)
+done
+status=0
+for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
+.venv/bin/dcoco bench-report "results/$RUN"
+exit "$status"
