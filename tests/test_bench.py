@@ -224,3 +224,12 @@ def test_every_report_table_has_as_many_separators_as_header_cells(run_dir):
             tables += 1
             assert header.count("|") == separator.count("|"), header
     assert tables >= 5
+
+
+def test_report_tabulates_per_position_acceptance_of_drafting_methods(run_dir):
+    report = (run_dir / "report.md").read_text()
+    table = report.split("### Per-position acceptance (all suites)")[1].split("###")[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ")]
+    assert rows[0].startswith("| method | slot 1 | slot 2 |")
+    assert [row.split(" | ")[0] for row in rows[1:]] == ["| pld"]  # plain drafts nothing
+    assert "%" in rows[1] and "(" in rows[1]

@@ -31,7 +31,8 @@ DEFINITIONS = """\
   Speculative decoding is lossless, so below 100% means numerics (bf16 kernels see different
   batch shapes), not a different output distribution; fp32 should give 100%.
 * **per-position acceptance**: for draft slot i, P(slot i accepted | slots 1..i-1 accepted),
-  pooled as Σ accepted_i / Σ reached_i over every cycle of every sample.
+  pooled as Σ accepted_i / Σ reached_i over every cycle of every sample (the table gives
+  Σ reached_i in brackets).
 * **cycle split**: decode time (prefill excluded) per cycle, split into draft (the proposer's
   drafter pass), correct (a draft head's correction/selection after it: the DCOCO corrector's
   one batched op, or a sequential head's slot-by-slot loop), verify (target forward + acceptance
@@ -84,6 +85,7 @@ def render(name: str, summary: dict, config: dict | None, figures: dict | None) 
         lines += [*_grid(per_method, summary["categories"], _both_cell, by="categories"), ""]
         lines += ["### Cycle time split (all suites)", "", *_split_table(per_method), ""]
         lines += ["### Acceptance length (share of cycles)", "", *_hist_table(per_method), ""]
+        lines += ["### Per-position acceptance (all suites)", "", *_position_table(per_method), ""]
         for caption, file in (figures or {}).get(tkey, []):
             lines += [f"![{caption}]({file})", ""]
     return "\n".join(lines)
@@ -162,6 +164,26 @@ def _hist_table(per_method: dict) -> list[str]:
         counts = {int(length): count for length, count in hist.items()}
         cycles = sum(counts.values())
         cells = [_percent(counts.get(n, 0) / cycles if cycles else None) for n in lengths]
+        rows.append(f"| {method} | {' | '.join(cells)} |")
+    return rows
+
+
+def _position_table(per_method: dict) -> list[str]:
+    """P(slot i accepted | slots before it accepted), with how many cycles reached slot i."""
+    drafting = {
+        method: (m["per_position_acceptance"], m["per_position_reached"])
+        for method, entry in per_method.items()
+        if (m := entry["overall"])["per_position_acceptance"]
+    }
+    slots = max((len(rates) for rates, _ in drafting.values()), default=0)
+    rows = [
+        f"| method | {' | '.join(f'slot {i + 1}' for i in range(slots))} |",
+        "|---|" + "--:|" * slots,
+    ]
+    for method, (rates, reached) in drafting.items():
+        cells = [
+            f"{_percent(rates[i])} ({reached[i]})" if i < len(rates) else "–" for i in range(slots)
+        ]
         rows.append(f"| {method} | {' | '.join(cells)} |")
     return rows
 
