@@ -121,3 +121,11 @@ def test_summarize_per_temperature_suite_and_category():
     assert greedy["overall"]["tau"] == pytest.approx(4.0)
     assert summary["results"]["0"]["plain"]["overall"]["speedup"] == pytest.approx(1.0)
     assert summary["results"]["1"]["pld"]["overall"]["match_rate"] is None  # sampled
+
+
+def test_summary_lists_suites_in_canonical_order_then_unknown_ones():
+    records = [
+        make_record([(0, 0)], method="plain", suite=suite, new_ids=[1])
+        for suite in ("mine", "humaneval", "gsm8k", "alpaca")
+    ]
+    assert metrics.summarize(records)["suites"] == ["gsm8k", "humaneval", "alpaca", "mine"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from dcoco.eval.suites import CATEGORIES
+from dcoco.eval.suites import CATEGORIES, SUITES
 
 BASELINE = "plain"
 CYCLE_PARTS = ("draft", "correct", "verify", "other")
@@ -149,7 +149,9 @@ def summarize(records: list[dict], baseline: str = BASELINE) -> dict:
     """Per temperature, per method: metrics overall, per suite and per category."""
     methods = _ordered(record["method"] for record in records)
     temperatures = sorted({float(record["temperature"]) for record in records})
-    suites = _ordered(record["suite"] for record in records)
+    # the canonical suite order, whatever order shards wrote them in; other suites after, as seen
+    seen = _ordered(record["suite"] for record in records)
+    suites = [s for s in SUITES if s in seen] + [s for s in seen if s not in SUITES]
     categories = [c for c in CATEGORIES if any(r["category"] == c for r in records)]
     results: dict[str, dict] = {}
     for temperature in temperatures:
