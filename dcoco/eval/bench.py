@@ -60,7 +60,7 @@ class BenchConfig(DecodeConfig):
     temperatures: str = "0"  # comma-separated, e.g. 0,1 (replaces --temperature)
     run_name: str = ""  # empty = bench-<date>-<time>
     results_dir: str = "results"
-    resume: bool = False  # continue a run: skip the samples its samples.jsonl already holds
+    resume: bool = False  # continue a run: skip the samples its sample files already hold
     warmup: bool = True  # one uncounted generation per method before the first prompt
     plots: bool = True  # PNG figures beside report.md (needs matplotlib)
     shards: int = 1  # split the prompts over this many processes, each run with its own --shard

@@ -35,10 +35,9 @@ def samples_file(shard: int = 0, shards: int = 1) -> str:
 
 
 def sample_files(run_dir: Path) -> list[Path]:
-    run_dir = Path(run_dir)
-    return [path for path in [run_dir / SAMPLES_FILE] if path.is_file()] + sorted(
-        run_dir.glob(SHARD_FILES)
-    )
+    """The unsharded file, if any, then every shard's."""
+    single = Path(run_dir) / SAMPLES_FILE
+    return ([single] if single.is_file() else []) + sorted(Path(run_dir).glob(SHARD_FILES))
 
 
 def read_samples(run_dir: Path) -> list[dict]:
