@@ -75,6 +75,8 @@ def _grouped_bars(plt, path: Path, columns: list[str], values: dict, ylabel: str
 
 def _curves(plt, path: Path, curves: dict[str, list[float]], tkey: str):
     fig, ax = plt.subplots(figsize=(6, 4))
+    slots = max((len(rates) for rates in curves.values()), default=0)
+    ax.set_xticks(range(1, slots + 1))  # slots are whole numbers; no 1.25 ticks
     for method, rates in curves.items():
         ys = [float("nan") if rate is None else rate for rate in rates]  # unreached: a gap
         ax.plot(range(1, len(ys) + 1), ys, marker="o", label=method)
