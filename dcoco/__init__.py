@@ -5,10 +5,4 @@ model), `slots` (draft positions of a block, block_size - 1), `K` (candidates pe
 `hidden`, `taps` (tapped target layers).
 """
 
-from pathlib import Path
-
 __version__ = "0.1.0"
-
-# The checkout this package runs from (an editable install): shipped checkpoints live under it and
-# the shared data directory sits beside it.
-REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -8,6 +8,8 @@ from torch import Tensor
 
 from dcoco.errors import DcocoError
 
+IGNORE = -100  # label of slots that carry no loss (cross_entropy's ignore_index)
+
 
 @dataclass(frozen=True)
 class SamplingParams:

@@ -40,10 +40,10 @@ def config(tmp_path_factory) -> BenchConfig:
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps(row) for row in ROWS) + "\n")
     return BenchConfig(
-        methods="plain,pld",
+        methods=("plain", "pld"),
         prompts=str(prompts),
         limit=2,
-        temperatures="0,1",
+        temperatures=(0.0, 1.0),
         max_new_tokens=12,
         dtype="fp32",
         run_name="tiny",
@@ -158,14 +158,15 @@ def test_bench_runs_head_methods_on_an_arbitrary_file(config, target, tmp_path):
     dcoco_dir = save_with_head(tmp_path / "dcoco", drafter, corrector, target.info, torch.float32)
     dspark_dir = save_with_head(tmp_path / "dspark", drafter, markov, target.info, torch.float32)
     methods = (
-        f"plain,dflash@{dcoco_dir},dcoco@{dcoco_dir},dcoco:global@{dcoco_dir},dspark@{dspark_dir}"
-    )
+        "plain", f"dflash@{dcoco_dir}", f"dcoco@{dcoco_dir}", f"dcoco:global@{dcoco_dir}",
+        f"dspark@{dspark_dir}",
+    )  # fmt: skip
     settings = dataclasses.replace(
-        config, methods=methods, limit=3, temperatures="0", run_name="heads", plots=False
+        config, methods=methods, limit=3, temperatures=(0.0,), run_name="heads", plots=False
     )
     run_dir = run_bench(settings, target=target, progress=False)
     records = read_samples(run_dir)
-    assert {r["method"] for r in records} == set(methods.split(","))
+    assert {r["method"] for r in records} == set(methods)
     by_method = {}
     for record in records:
         by_method.setdefault(record["method"], {})[(record["id"], record["turn"])] = record
@@ -205,7 +206,7 @@ def test_heldout_on_a_bench_run_rebuilds_its_prompts(run_dir, target, tmp_path):
     torch.manual_seed(0)
     drafter = BlockDrafter(config, target.embed_tokens, target.lm_head)
     path = save_drafter(tmp_path / "d", drafter, target.info, torch.float32)
-    settings = HeldoutConfig(methods=f"dflash@{path}", slots=(1, 3), anchors_per_seq=0,
+    settings = HeldoutConfig(methods=(f"dflash@{path}",), slots=(1, 3), anchors_per_seq=0,
                              bench_run=str(run_dir))  # fmt: skip
     result = measure(settings, target=target)
     row = result["methods"][f"dflash@{path}"]

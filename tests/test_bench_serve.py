@@ -7,22 +7,23 @@ import json
 import shutil
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
 from dcoco.cli import main
-from dcoco.decode.methods import SHIPPED_CHECKPOINTS
 from dcoco.errors import DcocoError
-from dcoco.serving.bench_client import (
-    BenchServeConfig,
+from dcoco.eval.serving_bench import BenchServeConfig, run_bench_serve
+from dcoco.eval.serving_metrics import (
     aggregate,
     parse_metrics,
     percentile,
-    run_bench_serve,
     spec_counters,
     spec_delta,
 )
-from dcoco.serving.serve import ServeConfig, build_command, server_env
+from dcoco.models.head_io import SELECTION_KEY
+from dcoco.paths import checkpoints_dir
+from dcoco.serving.serve import ServeConfig, build_command
 
 METRICS = """\
 # HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.
@@ -156,8 +157,8 @@ def test_bench_serve_runs_end_to_end_against_a_server(fake_server, tmp_path):
         url=fake_server + "/",
         prompts=str(prompts),
         suites="all",
-        concurrency="1,2",
-        temperatures="0,1",
+        concurrency=(1, 2),
+        temperatures=(0.0, 1.0),
         max_tokens=8,
         label="fake",
         out=str(tmp_path / "out"),
@@ -211,7 +212,7 @@ def serve_dirs(tmp_path):
     (target / "config.json").write_text("{}")
     drafter = tmp_path / "drafter"
     drafter.mkdir()
-    shutil.copy(SHIPPED_CHECKPOINTS / "smollm2-135m-instruct" / "dflash" / "config.json", drafter)
+    shutil.copy(checkpoints_dir() / "smollm2-135m-instruct" / "dflash" / "config.json", drafter)
     return target, drafter
 
 
@@ -254,7 +255,10 @@ def test_serve_command_plain_and_bad_setups(serve_dirs):
         build_command(too_many)
 
 
-def test_serve_takes_method_specs_with_a_selection_and_a_checkpoint(serve_dirs):
+def test_serve_takes_method_specs_with_a_selection_and_a_checkpoint(
+    serve_dirs, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("DCOCO_CACHE_DIR", str(tmp_path / "cache"))
     target, drafter = serve_dirs
     config = json.loads((drafter / "config.json").read_text())
     config["architectures"] = ["DFlashDcocoDraftModel"]
@@ -262,11 +266,18 @@ def test_serve_takes_method_specs_with_a_selection_and_a_checkpoint(serve_dirs):
     (drafter / "config.json").write_text(json.dumps(config))
     spec = ServeConfig(method=f"dcoco:global@{drafter}", target=str(target), python="/opt/py")
     _, argv = build_command(spec)
-    speculative = json.loads(argv[argv.index("--speculative-config") + 1])
-    assert speculative["model"] == str(drafter.resolve())
-    assert server_env(spec) == {"DCOCO_SELECTION": "global"}
-    assert server_env(ServeConfig(method="dcoco", target=str(target))) == {}
+    view = Path(json.loads(argv[argv.index("--speculative-config") + 1])["model"])
+    # vLLM gets a view of the checkpoint whose config names the rule; the checkpoint is untouched.
+    assert view.is_relative_to(tmp_path / "cache") and view != drafter.resolve()
+    assert json.loads((view / "config.json").read_text()) == {**config, SELECTION_KEY: "global"}
+    assert SELECTION_KEY not in json.loads((drafter / "config.json").read_text())
+    _, argv = build_command(
+        ServeConfig(method=f"dcoco@{drafter}", target=str(target), python="/opt/py")
+    )
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["model"] == str(
+        drafter.resolve()
+    )
     with pytest.raises(DcocoError, match="only dcoco takes a selection"):
-        server_env(ServeConfig(method="dflash:global", target=str(target)))
+        build_command(ServeConfig(method="dflash:global", target=str(target)))
     with pytest.raises(DcocoError, match="holds a dcoco head: serve it with --method dcoco"):
         build_command(ServeConfig(method=f"dflash@{drafter}", target=str(target)))

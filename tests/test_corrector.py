@@ -11,10 +11,10 @@ from torch import Tensor, nn
 from dcoco.decode.dflash_proposer import DFlashProposer
 from dcoco.decode.engine import Engine
 from dcoco.decode.head_proposer import HeadProposer
-from dcoco.decode.selection import SELECTION_RULES, selected_token_ids
 from dcoco.errors import DcocoError
 from dcoco.models.corrector import Corrector, CorrectorConfig
 from dcoco.models.drafter import BlockDrafter, DrafterConfig
+from dcoco.models.selection import SELECTION_RULES, selected_token_ids
 
 VOCAB, HIDDEN, SLOTS, TOP_K = 40, 12, 5, 4
 TAPS = (0, 1, 3)
@@ -157,6 +157,6 @@ def test_dcoco_proposer_rejects_a_bad_setup(tiny_llama_target):
     fits = Corrector(CorrectorConfig(config.hidden_size, top_k=8), target.embed_tokens)
     too_wide = Corrector(CorrectorConfig(config.hidden_size, top_k=200), target.embed_tokens)
     with pytest.raises(DcocoError, match="unknown selection"):
-        fits.selection = "beam"
+        HeadProposer(drafter, fits, selection="beam")
     with pytest.raises(DcocoError, match="top-k"):
         HeadProposer(drafter, too_wide)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 
+from dcoco import paths
 from dcoco.config import config_from_args
 from dcoco.data.distill import Sample
 from dcoco.errors import DcocoError
@@ -96,8 +98,13 @@ def test_cli_flags_cover_every_field():
     import argparse
 
     parser = argparse.ArgumentParser()
-    drafter_train.add_parser(parser.add_subparsers())
+    drafter_train.COMMAND.add_to(parser.add_subparsers())
     args = parser.parse_args(["train-drafter", "--taps", "1,14,27", "--no-autocast"])
     config = config_from_args(DrafterTrainConfig, args)
     assert config.taps == (1, 14, 27) and config.autocast is False
-    assert config.corpus.endswith("shared/data/distill/smollm2-135m-instruct")
+    # What the flags leave empty comes from the target's registry entry and dcoco.paths.
+    resolved = drafter_train.with_target_defaults(replace(config, taps=()))
+    assert resolved.corpus == str(paths.default_corpus("smollm2-135m-instruct"))
+    assert resolved.mask_token_id == 16 and resolved.taps == (1, 14, 27)
+    with pytest.raises(DcocoError, match="no default mask token"):
+        drafter_train.with_target_defaults(replace(config, target="/some/model/dir"))

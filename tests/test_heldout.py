@@ -30,7 +30,7 @@ def test_heldout_compares_methods_on_the_same_blocks(tiny_llama_target, tmp_path
         prompt = torch.randint(5, 128, (6,), generator=generator).tolist()
         samples.append(Sample(f"s{i}", tuple(prompt), tuple(prompt * 3)))
     settings = HeldoutConfig(
-        methods=f"dflash@{path},dcoco@{path},dcoco:global@{path}", slots=(1, 2, 4),
+        methods=(f"dflash@{path}", f"dcoco@{path}", f"dcoco:global@{path}"), slots=(1, 2, 4),
         anchors_per_seq=0,
     )  # fmt: skip
     result = measure(settings, target=target, samples=samples)
@@ -49,14 +49,14 @@ def test_heldout_reuses_rows_of_an_earlier_run_with_the_same_settings(tmp_path):
 
     from dcoco.eval.heldout import JSON_FILE, _earlier_rows
 
-    config = HeldoutConfig(methods="dflash", out=str(tmp_path))
+    config = HeldoutConfig(methods=("dflash",), out=str(tmp_path))
     row = {"blocks": 1, "tau": {"3": 1.5, "15": 1.5}, "per_position": [0.5]}
     (tmp_path / JSON_FILE).write_text(
         json.dumps({"config": asdict(config), "methods": {"dspark": row}})
     )
-    wider = HeldoutConfig(methods="dflash,dspark", out=str(tmp_path))
+    wider = HeldoutConfig(methods=("dflash", "dspark"), out=str(tmp_path))
     assert _earlier_rows(tmp_path / JSON_FILE, wider) == {"dspark": row}
-    other = HeldoutConfig(methods="dflash,dspark", out=str(tmp_path), anchors_per_seq=8)
+    other = HeldoutConfig(methods=("dflash", "dspark"), out=str(tmp_path), anchors_per_seq=8)
     assert _earlier_rows(tmp_path / JSON_FILE, other) == {}  # other blocks: measure again
     assert measure(wider, target=object(), samples=[], done={"dflash": row, "dspark": row})[
         "methods"

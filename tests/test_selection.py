@@ -8,15 +8,15 @@ import itertools
 import pytest
 import torch
 
-from dcoco.decode.selection import (
+from dcoco.models.selection import (
     SELECTION_RULES,
+    Scores,
     best_path,
     discounted_path,
     greedy,
     selected_token_ids,
     top1,
 )
-from dcoco.models.corrector import Scores
 
 
 def random_scores(batch: int, slots: int, top_k: int, seed: int = 0) -> Scores:

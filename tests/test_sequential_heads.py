@@ -9,15 +9,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dcoco.contracts import IGNORE
 from dcoco.decode.engine import Engine
 from dcoco.decode.head_proposer import HeadProposer
 from dcoco.errors import DcocoError
 from dcoco.models.drafter import BlockDrafter, DrafterConfig
 from dcoco.models.drafter_io import load_drafter
 from dcoco.models.head_io import head_kind_of, load_head, save_with_head
-from dcoco.models.heads import HeadBatch, build_head
+from dcoco.models.head_registry import build_head
+from dcoco.models.heads import HeadBatch
 from dcoco.models.sequential_heads import GruHeadConfig, MarkovHeadConfig
-from dcoco.train.blocks import IGNORE
 
 VOCAB, HIDDEN, SLOTS, BLOCKS = 40, 12, 5, 6
 TAPS = (0, 1, 3)

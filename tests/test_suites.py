@@ -7,13 +7,14 @@ import sys
 
 import pytest
 
+from dcoco import paths
 from dcoco.errors import DcocoError
-from dcoco.eval.suites import CATEGORIES, SUITES, default_data_dir, load_prompts
+from dcoco.eval.suites import CATEGORIES, SUITES, load_prompts
 
 BOXED = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 
 shared_data = pytest.mark.skipif(
-    not default_data_dir().is_dir(), reason="shared/data is not beside this checkout"
+    not paths.data_dir().is_dir(), reason="no shared data (see dcoco.paths)"
 )
 
 

@@ -26,8 +26,8 @@ import urllib.request
 import pytest
 import torch
 
-from dcoco import REPO_ROOT
 from dcoco.errors import DcocoError
+from dcoco.paths import REPO_ROOT, checkpoints_dir
 from dcoco.serving.vllm_plugin import NOT_CHOSEN, check_version, point_mass_logits, request_layout
 
 TARGET = "smollm2-135m-instruct"
@@ -216,7 +216,7 @@ def _ours_main(shipped: str, checkpoint: str) -> None:
 
 def _randomised_dcoco_checkpoint(path, target, drafter):
     from dcoco.models.head_io import save_with_head
-    from dcoco.models.heads import build_head
+    from dcoco.models.head_registry import build_head
 
     torch.manual_seed(0)
     fields = {"hidden_size": drafter.config.hidden_size, "top_k": 4, "mlp_hidden": 32}
@@ -230,19 +230,17 @@ def _randomised_dcoco_checkpoint(path, target, drafter):
 def dcoco_checkpoint(tmp_path_factory):
     """The shipped drafter plus a randomised DCOCO corrector, saved with save_with_head."""
     pytest.importorskip("vllm")
-    from dcoco.decode.methods import SHIPPED_CHECKPOINTS
     from dcoco.models.drafter_io import load_drafter
     from dcoco.models.loading import load_target
 
     target = load_target(TARGET, dtype="fp32", device="cpu")
-    drafter = load_drafter(SHIPPED_CHECKPOINTS / TARGET / "dflash", target)
+    drafter = load_drafter(checkpoints_dir() / TARGET / "dflash", target)
     path = tmp_path_factory.mktemp("dcoco") / "ckpt"
     return _randomised_dcoco_checkpoint(path, target, drafter)
 
 
 @pytest.fixture(scope="module")
 def vllm_runs(dcoco_checkpoint):
-    from dcoco.decode.methods import SHIPPED_CHECKPOINTS
     from dcoco.models.loading import load_target, resolve_target
 
     checkpoint = dcoco_checkpoint
@@ -252,7 +250,7 @@ def vllm_runs(dcoco_checkpoint):
         torch.set_num_threads(1)
         target = load_target(TARGET, dtype="fp32", device="cpu")
         target_dir = str(resolve_target(TARGET))
-        shipped = SHIPPED_CHECKPOINTS / TARGET / "dflash"
+        shipped = checkpoints_dir() / TARGET / "dflash"
         prompts = [target.encode_chat(text) for text in PROMPTS]
 
         def speculative(path):
@@ -340,7 +338,8 @@ def _free_port() -> int:
 
 @pytest.mark.vllm
 def test_dcoco_serve_answers_concurrent_requests_with_spec_metrics(dcoco_checkpoint, tmp_path):
-    from dcoco.serving.bench_client import run_level, spec_counters
+    from dcoco.eval.serving_bench import run_level
+    from dcoco.eval.serving_metrics import spec_counters
 
     port = _free_port()
     base = f"http://127.0.0.1:{port}"

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dcoco.config import add_config_args, config_from_args
+from dcoco.config import Command
 from dcoco.data.jsonl import iter_jsonl
 from dcoco.errors import DcocoError
 from dcoco.models.loading import DEFAULT_TARGET, load_target
@@ -32,26 +32,17 @@ from dcoco.models.target import TargetModel
 class DatagenConfig:
     prompts: str = ""  # JSONL of {id, turns: [user, ...], category?, source?}
     out: str = "runs/corpus"  # corpus directory (part-*.jsonl); reruns resume into it
-    target: str = DEFAULT_TARGET
-    dtype: str = "bf16"
-    device: str = ""
-    threads: int = 0
-    batch_size: int = 16
-    max_new_tokens: int = 384
+    target: str = DEFAULT_TARGET  # embedded name or Hugging Face model directory
+    dtype: str = "bf16"  # the target's dtype (bf16, fp32, fp16)
+    device: str = ""  # cpu or cuda; empty = CUDA when present, else CPU
+    threads: int = 0  # torch CPU threads; 0 = torch's default
+    batch_size: int = 16  # prompts per batched `generate`
+    max_new_tokens: int = 384  # reply length, at most
     limit: int = 0  # generate for at most this many prompts (after skipping done ones); 0 = all
-    chat: bool = True
+    chat: bool = True  # apply the target's chat template
 
 
-def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "datagen", help="regenerate a distillation corpus: the target's own greedy replies"
-    )
-    add_config_args(parser, DatagenConfig)
-    parser.set_defaults(handler=run)
-
-
-def run(args) -> int:
-    config = config_from_args(DatagenConfig, args)
+def run(config: DatagenConfig) -> int:
     if config.threads > 0:
         torch.set_num_threads(config.threads)
     prompts = read_prompts(config.prompts)
@@ -142,3 +133,11 @@ def generate_batch(
         else:
             replies.append((row[: stop + 1], "eos"))
     return replies
+
+
+COMMAND = Command(
+    "datagen",
+    "regenerate a distillation corpus: the target's own greedy replies",
+    DatagenConfig,
+    run,
+)

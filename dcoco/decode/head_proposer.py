@@ -1,5 +1,6 @@
 """The head proposer: the DFlash drafter's one pass, then a draft head (dcoco.models.heads) turns it
-into the draft: the DCOCO corrector with a selection rule, or a sequential DSpark/Domino-style head.
+into the draft: the DCOCO corrector with the selection rule this proposer passes on every call, or a
+sequential DSpark/Domino-style head.
 Every head's draft is deterministic, so the engine verifies it as a point mass (lossless)."""
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from dcoco.decode.dflash_proposer import DFlashProposer
 from dcoco.decode.proposers import DraftContext
 from dcoco.errors import DcocoError
 from dcoco.models.drafter import BlockDrafter
+from dcoco.models.heads import select_draft
+from dcoco.models.selection import check_selection
 
 
 class HeadProposer(DFlashProposer):
@@ -23,7 +26,9 @@ class HeadProposer(DFlashProposer):
         head: nn.Module,
         num_draft_tokens: int | None = None,
         name: str | None = None,
+        selection: str | None = None,
     ):
+        """`selection`: the corrector's rule (dcoco.models.selection); None = its default."""
         super().__init__(drafter, num_draft_tokens)
         head_hidden = getattr(head.config, "hidden_size", drafter.config.hidden_size)
         if head_hidden != drafter.config.hidden_size:
@@ -43,6 +48,9 @@ class HeadProposer(DFlashProposer):
                 f"{head.kind} head top-k {top_k} exceeds the vocab size {drafter.config.vocab_size}"
             )
         self.head = head
+        if selection and head.kind != "dcoco":
+            raise DcocoError(f"a {head.kind} head takes no selection rule (only dcoco does)")
+        self.selection = check_selection(selection) if selection else None
         self.name = name or head.kind
 
     @torch.inference_mode()
@@ -51,7 +59,7 @@ class HeadProposer(DFlashProposer):
         logits, hidden = self.draft_block(context)  # [batch, slots, vocab], [batch, slots, hidden]
         tick = time.perf_counter()
         anchor_ids = context.tokens[-1:].expand(logits.shape[0])  # [batch]
-        draft_tokens = self.head.select(hidden, logits, anchor_ids)
+        draft_tokens = select_draft(self.head, hidden, logits, anchor_ids, self.selection)
         if draft_tokens.is_cuda:
             torch.cuda.synchronize(draft_tokens.device)
         return Proposal(draft_tokens=draft_tokens, correct_s=time.perf_counter() - tick)

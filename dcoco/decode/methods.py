@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from dcoco import REPO_ROOT
 from dcoco.decode.proposers import PromptLookupProposer, Proposer
 from dcoco.errors import DcocoError
+from dcoco.models.selection import SELECTION_RULES
 from dcoco.models.target import TargetModel
+from dcoco.paths import checkpoints_dir
 
-SHIPPED_CHECKPOINTS = REPO_ROOT / "checkpoints"
 DRAFTER_METHODS = ("dflash", "dcoco", "dspark", "domino")
 
 
@@ -42,8 +42,6 @@ def method_names() -> tuple[str, ...]:
 
 def parse_method(spec: str) -> MethodSpec:
     """Parse `METHOD[:SELECTION][@CHECKPOINT]`, with a clear error for anything else."""
-    from dcoco.decode.selection import SELECTION_RULES
-
     head, _, checkpoint = spec.strip().partition("@")
     method, _, selection = head.partition(":")
     if method not in method_names():
@@ -65,7 +63,7 @@ def check_method(spec: str) -> str:
 
 
 def default_drafter_dir(target: TargetModel, kind: str = "dflash") -> Path:
-    return SHIPPED_CHECKPOINTS / target.name / kind
+    return checkpoints_dir() / target.name / kind
 
 
 def checkpoint_dir(spec: MethodSpec, target: TargetModel, options: MethodOptions) -> Path:
@@ -107,6 +105,5 @@ def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> 
             f"{spec.method} head that '{method}' needs"
         )
     head = load_head(path, target, drafter)
-    if spec.method == "dcoco":
-        head.selection = spec.selection or options.selection
-    return HeadProposer(drafter, head, num_draft_tokens=num_draft_tokens, name=method)
+    selection = (spec.selection or options.selection) if spec.method == "dcoco" else None
+    return HeadProposer(drafter, head, num_draft_tokens, name=method, selection=selection)

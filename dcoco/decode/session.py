@@ -16,22 +16,24 @@ from dcoco.models.target import TargetModel
 
 @dataclass
 class DecodeConfig:
+    """What every decoding command shares. The temperature is each command's own: one for
+    `generate` and `compare`, a list for `bench`."""
+
     target: str = DEFAULT_TARGET  # embedded name or HF model directory
     dtype: str = "bf16"  # bf16 | fp32 (fp32 for exactness checks)
     device: str = ""  # empty = CUDA when present, else CPU
     threads: int = 0  # CPU threads for torch; 0 = torch's default
-    max_new_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int = 0
+    max_new_tokens: int = 256  # new tokens per reply, at most
+    top_p: float = 1.0  # nucleus sampling; 1 = off
+    top_k: int = 0  # top-k sampling; 0 = off
+    seed: int = 0  # sampling seed
     chat: bool = True  # apply the target's chat template
     num_draft_tokens: int = 0  # 0 = the method's default
     drafter: str = ""  # drafter checkpoint; empty = the one shipped for the target
     selection: str = "greedy"  # dcoco's selection rule: greedy | global | discounted | top1
 
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+    def sampling(self, temperature: float = 0.0) -> SamplingParams:
+        return SamplingParams(temperature=temperature, top_p=self.top_p, top_k=self.top_k)
 
     def method_options(self) -> MethodOptions:
         return MethodOptions(

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dcoco.config import add_config_args, config_from_args
+from dcoco.config import Command
 from dcoco.contracts import SamplingParams
 from dcoco.decode.engine import Engine
 from dcoco.decode.methods import check_method
@@ -43,6 +43,7 @@ from dcoco.eval.samples import (
 )
 from dcoco.eval.suites import Prompt, load_prompts
 from dcoco.models.target import TargetModel
+from dcoco.paths import portable_record
 from dcoco.train.run_dir import provenance
 
 CONFIG_FILE = "config.json"
@@ -51,15 +52,15 @@ WARMUP_TOKENS = 32
 
 @dataclass
 class BenchConfig(DecodeConfig):
-    methods: str = "plain,pld,dflash"  # comma-separated; plain is the speedup/match baseline
+    methods: tuple[str, ...] = ("plain", "pld", "dflash")  # plain is the speedup/match baseline
     suites: str = "all"  # all | comma-separated suite names
     data_dir: str = ""  # dir of <suite>.jsonl; empty = shared/data beside the repository
     prompts: str = ""  # one JSONL of suite records, used instead of --data-dir
     source: str = "files"  # files | hf (the Hugging Face hub; needs `datasets`)
     limit: int = 10  # prompts per suite, a fixed random sample; 0 = all
-    temperatures: str = "0"  # comma-separated, e.g. 0,1 (replaces --temperature)
+    temperatures: tuple[float, ...] = (0.0,)  # every prompt is run at each, e.g. 0,1
     run_name: str = ""  # empty = bench-<date>-<time>
-    results_dir: str = "results"
+    results_dir: str = "results"  # runs go to <results-dir>/<run-name>/
     resume: bool = False  # continue a run: skip the samples its sample files already hold
     warmup: bool = True  # one uncounted generation per method before the first prompt
     plots: bool = True  # PNG figures beside report.md (needs matplotlib)
@@ -67,16 +68,8 @@ class BenchConfig(DecodeConfig):
     shard: int = 0  # which of the --shards this process runs (0-based)
 
 
-def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "bench", help="methods x benchmark suites, interleaved; writes samples, summary, report"
-    )
-    add_config_args(parser, BenchConfig)
-    parser.set_defaults(handler=run)
-
-
-def run(args) -> int:
-    run_dir = run_bench(config_from_args(BenchConfig, args))
+def run(config: BenchConfig) -> int:
+    run_dir = run_bench(config)
     print(report.console_summary(json.loads((run_dir / report.SUMMARY_FILE).read_text())))
     print(f"results: {run_dir}", file=sys.stderr)
     return 0
@@ -86,12 +79,10 @@ def run_bench(
     config: BenchConfig, target: TargetModel | None = None, progress: bool = True
 ) -> Path:
     """Run the benchmark and write its report; `target` skips loading one (tests, notebooks)."""
-    methods = [check_method(m.strip()) for m in config.methods.split(",") if m.strip()]
+    methods = [check_method(m) for m in config.methods if m.strip()]
     if not methods:
         raise DcocoError("--methods is empty: give comma-separated method names")
-    temperatures = _parse_temperatures(config.temperatures)
-    if config.temperature != 0:
-        raise DcocoError("bench sweeps a list: use --temperatures, not --temperature")
+    temperatures = _check_temperatures(config.temperatures)
     if not 0 <= config.shard < config.shards:
         raise DcocoError(f"--shard must be in 0..{config.shards - 1}, got {config.shard}")
     prompts = round_robin(load_bench_prompts(config), config.shard, config.shards)
@@ -149,7 +140,7 @@ class _Runner:
         self.done, self.writer, self.bar = done, writer, bar
 
     def run_prompt(self, prompt: Prompt, temperature: float) -> None:
-        sampling = dataclasses.replace(self.config, temperature=temperature).sampling()
+        sampling = self.config.sampling(temperature)
         answers: dict[str, list[str]] = {method: [] for method in self.engines}
         for turn in range(1, len(prompt.turns) + 1):
             for method, engine in self.engines.items():
@@ -204,11 +195,7 @@ def _describe(prompt: Prompt, turn: int, method: str, temperature: float) -> dic
     }
 
 
-def _parse_temperatures(text: str) -> list[float]:
-    try:
-        temperatures = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError as error:
-        raise DcocoError(f"--temperatures must be comma-separated numbers, got '{text}'") from error
+def _check_temperatures(temperatures: tuple[float, ...]) -> list[float]:
     if not temperatures:
         raise DcocoError("--temperatures is empty")
     for temperature in temperatures:
@@ -275,7 +262,10 @@ def _write_config(run_dir: Path, config: BenchConfig, target: TargetModel) -> No
         file.seek(0)
         text = file.read()
         sessions = json.loads(text)["sessions"] if text.strip() else []
-        record = {"config": dataclasses.asdict(config), "sessions": [*sessions, session]}
+        record = {
+            "config": portable_record(dataclasses.asdict(config)),
+            "sessions": [*sessions, session],
+        }
         file.seek(0)
         file.truncate()
         file.write(json.dumps(record, indent=2) + "\n")
@@ -289,3 +279,11 @@ def _cpu_model() -> str:
     except OSError:
         pass  # not Linux: fall through to what the platform module knows
     return platform.processor() or platform.machine()
+
+
+COMMAND = Command(
+    "bench",
+    "methods x benchmark suites, interleaved; writes samples, summary, report",
+    BenchConfig,
+    run,
+)

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dcoco.config import add_config_args, config_from_args
+from dcoco.config import Command
 from dcoco.data.jsonl import iter_jsonl
 from dcoco.decode.methods import check_method
 from dcoco.decode.session import DecodeConfig, make_engine, open_target
 from dcoco.errors import DcocoError
 from dcoco.eval.metrics import summarize, temperature_key
 from dcoco.eval.report import overall_table
+from dcoco.paths import portable_record
 
 BUILTIN_PROMPTS = [
     "Write a Python function that checks whether a string is a palindrome.",
@@ -37,19 +38,12 @@ BUILTIN_PROMPTS = [
 
 @dataclass
 class CompareConfig(DecodeConfig):
-    methods: str = "plain,pld"  # comma-separated; the first is the baseline for speedup
+    methods: tuple[str, ...] = ("plain", "pld")  # method specs; the first is the speedup baseline
+    temperature: float = 0.0  # 0 = greedy
     prompts: str = ""  # JSONL with `turns` (first turn used) or `prompt`; empty = built-in prompts
     limit: int = 0  # use at most this many prompts; 0 = all
     warmup: bool = True  # one uncounted warm-up generation per method
     output: str = ""  # write per-sample records and the summary as JSON here
-
-
-def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "compare", help="plain vs speculative methods on a few prompts, interleaved, one run"
-    )
-    add_config_args(parser, CompareConfig)
-    parser.set_defaults(handler=run)
 
 
 def load_prompts(path: str, limit: int) -> list[str]:
@@ -65,14 +59,15 @@ def load_prompts(path: str, limit: int) -> list[str]:
     return prompts[:limit] if limit > 0 else prompts
 
 
-def run(args) -> int:
-    config = config_from_args(CompareConfig, args)
-    methods = [check_method(m.strip()) for m in config.methods.split(",") if m.strip()]
+def run(config: CompareConfig) -> int:
+    methods = [check_method(m) for m in config.methods if m.strip()]
+    if not methods:
+        raise DcocoError("--methods is empty: give comma-separated method names")
+    sampling = config.sampling(config.temperature)
     prompts = load_prompts(config.prompts, config.limit)
     target = open_target(config)
     engines = {method: make_engine(target, method, config) for method in methods}
     encoded = [target.encode_chat(prompt, chat=config.chat) for prompt in prompts]
-    sampling = config.sampling()
     if config.warmup:
         for engine in engines.values():
             engine.generate(encoded[0], min(32, config.max_new_tokens), sampling, config.seed)
@@ -107,6 +102,15 @@ def run(args) -> int:
     )
     print("\n".join(overall_table(summary, temperature_key(config.temperature))))
     if config.output:
-        output = {"config": vars(args) | {"handler": None}, "summary": summary, "records": records}
+        config_record = portable_record(asdict(config))
+        output = {"config": config_record, "summary": summary, "records": records}
         Path(config.output).write_text(json.dumps(output))
     return 0
+
+
+COMMAND = Command(
+    "compare",
+    "plain vs speculative methods on a few prompts, interleaved, one run",
+    CompareConfig,
+    run,
+)

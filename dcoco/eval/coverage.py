@@ -20,14 +20,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dcoco.config import add_config_args, config_from_args
+from dcoco.config import Command
 from dcoco.data.distill import Sample, load_corpus, split_heldout
 from dcoco.decode.methods import default_drafter_dir
 from dcoco.errors import DcocoError
 from dcoco.models.drafter_io import load_drafter
 from dcoco.models.loading import DEFAULT_TARGET, load_target
+from dcoco.paths import default_corpus, portable_record
 from dcoco.train.block_pass import block_chunks, prepare_item
-from dcoco.train.drafter_train import DEFAULT_CORPUS
 from dcoco.train.target_features import TargetFeatures
 
 JSON_FILE = "coverage.json"
@@ -36,20 +36,20 @@ PLOT_FILE = "coverage.png"
 
 @dataclass
 class CoverageConfig:
-    target: str = DEFAULT_TARGET
+    target: str = DEFAULT_TARGET  # embedded name or Hugging Face model directory
     drafter: str = ""  # drafter checkpoint; empty = the one shipped for the target
     source: str = "corpus"  # corpus: held-out corpus replies; suites: generate replies here
-    corpus: str = str(DEFAULT_CORPUS)
+    corpus: str = ""  # corpus source: part-*.jsonl dir; empty = the target's shared corpus
     records: int = 32  # held-out records (corpus) or prompts (suites)
     data_dir: str = ""  # suites source: bench data dir; empty = ../shared/data when present
-    suites: str = "gsm8k,humaneval,mtbench"
+    suites: str = "gsm8k,humaneval,mtbench"  # suites source: all | comma-separated suite names
     max_new_tokens: int = 256  # suites source: reply length
     anchors_per_seq: int = 64  # blocks per sequence (0 = every response position)
-    top_k: int = 16
-    dtype: str = "fp32"
-    threads: int = 0
+    top_k: int = 16  # K: the longest candidate list measured
+    dtype: str = "fp32"  # the target's dtype (fp32, bf16, fp16)
+    threads: int = 0  # torch CPU threads; 0 = torch's default
     feature_cache: str = ""  # directory of cached target features (as in training); empty = none
-    out: str = "results/coverage"
+    out: str = "results/coverage"  # output dir: coverage.json, coverage.png
 
     def __post_init__(self) -> None:
         if self.source not in ("corpus", "suites"):
@@ -58,18 +58,9 @@ class CoverageConfig:
             raise DcocoError("top-k and records must be >= 1")
 
 
-def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "coverage",
-        help="per-slot top-1 accuracy and top-k coverage of a drafter (corrector headroom)",
-        description=__doc__.split("\n\n")[1],
-    )
-    add_config_args(parser, CoverageConfig)
-    parser.set_defaults(handler=run)
-
-
-def run(args) -> int:
-    config = config_from_args(CoverageConfig, args)
+def run(config: CoverageConfig) -> int:
+    if config.source == "corpus":
+        config.corpus = config.corpus or str(default_corpus(config.target))
     result = measure(config)
     out = write(result, Path(config.out))
     slots = result["per_slot"]
@@ -137,7 +128,8 @@ def measure(config: CoverageConfig, target=None, samples: list[Sample] | None = 
 
 def _samples(config: CoverageConfig, target) -> list[Sample]:
     if config.source == "corpus":
-        _, heldout = split_heldout(load_corpus(config.corpus), config.records)
+        corpus = config.corpus or default_corpus(config.target)
+        _, heldout = split_heldout(load_corpus(corpus), config.records)
         return heldout
     from dcoco.decode.engine import Engine
     from dcoco.eval.suites import load_prompts
@@ -155,7 +147,7 @@ def _samples(config: CoverageConfig, target) -> list[Sample]:
 
 def write(result: dict, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    (out / JSON_FILE).write_text(json.dumps(result, indent=2) + "\n")
+    (out / JSON_FILE).write_text(json.dumps(portable_record(result), indent=2) + "\n")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -184,3 +176,12 @@ def write(result: dict, out: Path) -> Path:
     fig.savefig(out / PLOT_FILE, dpi=120)
     plt.close(fig)
     return out
+
+
+COMMAND = Command(
+    "coverage",
+    "per-slot top-1 accuracy and top-k coverage of a drafter (corrector headroom)",
+    CoverageConfig,
+    run,
+    description=__doc__.split("\n\n")[1],
+)

@@ -24,13 +24,14 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from dcoco.config import add_config_args, config_from_args
+from dcoco.config import Command
 from dcoco.data.distill import load_corpus, split_heldout
 from dcoco.decode.methods import MethodOptions, build_proposer, check_method
 from dcoco.errors import DcocoError
+from dcoco.models.heads import select_draft
 from dcoco.models.loading import DEFAULT_TARGET, load_target
+from dcoco.paths import default_corpus, portable_record
 from dcoco.train.block_pass import block_chunks, prepare_item
-from dcoco.train.drafter_train import DEFAULT_CORPUS
 from dcoco.train.target_features import TargetFeatures
 
 JSON_FILE = "heldout.json"
@@ -39,35 +40,25 @@ TABLE_FILE = "heldout.md"
 
 @dataclass
 class HeldoutConfig:
-    methods: str = "dflash,dcoco"  # drafter method specs, METHOD[:SELECTION][@CHECKPOINT]
-    target: str = DEFAULT_TARGET
-    corpus: str = str(DEFAULT_CORPUS)
+    methods: tuple[str, ...] = ("dflash", "dcoco")  # drafter specs, METHOD[:SELECTION][@CHECKPOINT]
+    target: str = DEFAULT_TARGET  # embedded name or Hugging Face model directory
+    corpus: str = ""  # part-*.jsonl dir; empty = the target's shared corpus
     records: int = 32  # held-out records (the split training holds out, by id hash)
     anchors_per_seq: int = 64  # 0 = every response position
     slots: tuple[int, ...] = (3, 15)  # τ when a cycle drafts only the first c slots
-    dtype: str = "fp32"
-    threads: int = 0
+    dtype: str = "fp32"  # the target's dtype (fp32, bf16, fp16)
+    threads: int = 0  # torch CPU threads; 0 = torch's default
     feature_cache: str = ""  # directory of cached target features (as in training)
     bench_run: str = ""  # a `dcoco bench` run dir: its plain T=0 replies replace the corpus
-    out: str = "results/heldout"
+    out: str = "results/heldout"  # output dir: heldout.json, heldout.md
 
 
-def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "heldout",
-        help="acceptance of drafter methods on the same held-out blocks, without decoding",
-        description=__doc__.split("\n\n")[1],
-    )
-    add_config_args(parser, HeldoutConfig)
-    parser.set_defaults(handler=run)
-
-
-def run(args) -> int:
-    config = config_from_args(HeldoutConfig, args)
+def run(config: HeldoutConfig) -> int:
+    config.corpus = config.corpus or str(default_corpus(config.target))
     out = Path(config.out)
     result = measure(config, done=_earlier_rows(out / JSON_FILE, config))
     out.mkdir(parents=True, exist_ok=True)
-    (out / JSON_FILE).write_text(json.dumps(result, indent=2) + "\n")
+    (out / JSON_FILE).write_text(json.dumps(portable_record(result), indent=2) + "\n")
     table = markdown_table(result)
     (out / TABLE_FILE).write_text(table + "\n")
     print(table)
@@ -81,9 +72,8 @@ def _earlier_rows(path: Path, config: HeldoutConfig) -> dict:
     if not path.is_file():
         return {}
     earlier = json.loads(path.read_text())
-    settings = {k: v for k, v in asdict(config).items() if k != "methods"}
-    stored = {k: v for k, v in earlier.get("config", {}).items() if k != "methods"}
-    stored["slots"] = tuple(stored.get("slots", ()))
+    settings = {k: v for k, v in portable_record(asdict(config)).items() if k != "methods"}
+    stored = {k: v for k, v in portable_record(earlier.get("config", {})).items() if k != "methods"}
     return earlier.get("methods", {}) if stored == settings else {}
 
 
@@ -91,7 +81,7 @@ def measure(config: HeldoutConfig, target=None, samples=None, done: dict | None 
     """Rows for every method of `config`; those in `done` (method -> row) are reused."""
     if config.threads > 0:
         torch.set_num_threads(config.threads)
-    methods = [check_method(m) for m in config.methods.split(",") if m.strip()]
+    methods = [check_method(m) for m in config.methods if m.strip()]
     if not methods:
         raise DcocoError("--methods is empty")
     target = target or load_target(config.target, config.dtype)
@@ -100,7 +90,8 @@ def measure(config: HeldoutConfig, target=None, samples=None, done: dict | None 
 
         samples = bench_samples(config.bench_run, target)
     elif samples is None:
-        _, samples = split_heldout(load_corpus(config.corpus), config.records)
+        corpus = config.corpus or default_corpus(config.target)
+        _, samples = split_heldout(load_corpus(corpus), config.records)
     rows = {}
     for method in methods:
         if done and method in done:
@@ -131,7 +122,9 @@ def _accept(proposer, target, samples, config: HeldoutConfig) -> dict:
                 drafted = (
                     logits.argmax(dim=-1)
                     if head is None
-                    else head.select(chunk.hidden, logits, chunk.anchor_ids)
+                    else select_draft(
+                        head, chunk.hidden, logits, chunk.anchor_ids, proposer.selection
+                    )
                 )
                 corrects.setdefault(suite, []).append((drafted == chunk.label_ids).cpu())
     if not corrects:
@@ -197,3 +190,12 @@ def markdown_table(result: dict) -> str:
             )
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+COMMAND = Command(
+    "heldout",
+    "acceptance of drafter methods on the same held-out blocks, without decoding",
+    HeldoutConfig,
+    run,
+    description=__doc__.split("\n\n")[1],
+)

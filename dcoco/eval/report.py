@@ -5,11 +5,12 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+from dcoco.config import Command
 from dcoco.eval.metrics import CYCLE_PARTS, summarize
 from dcoco.eval.plots import write_plots
 from dcoco.eval.samples import read_samples
@@ -41,21 +42,25 @@ DEFINITIONS = """\
 """
 
 
-def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "bench-report", help="rebuild summary.json, report.md and plots of a bench run"
-    )
-    parser.add_argument("run_dir", help="a `dcoco bench` run directory (holds samples.jsonl)")
-    parser.add_argument(
-        "--plots", action=argparse.BooleanOptionalAction, default=True, help="write PNG figures"
-    )
-    parser.set_defaults(handler=run)
+@dataclass
+class ReportConfig:
+    run_dir: str = ""  # a `dcoco bench` run directory (holds its sample files)
+    plots: bool = True  # write PNG figures beside report.md
 
 
-def run(args) -> int:
-    path = build_report(Path(args.run_dir), plots=args.plots)
+def run(config: ReportConfig) -> int:
+    path = build_report(Path(config.run_dir), plots=config.plots)
     print(f"report: {path}", file=sys.stderr)
     return 0
+
+
+COMMAND = Command(
+    "bench-report",
+    "rebuild summary.json, report.md and plots of a bench run",
+    ReportConfig,
+    run,
+    positional=("run_dir",),
+)
 
 
 def build_report(run_dir: Path, plots: bool = True) -> Path:

@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from dcoco import REPO_ROOT
+from dcoco import paths
 from dcoco.errors import DcocoError
 
 SUITES = (
@@ -49,11 +49,6 @@ class Prompt:
     suite: str
     category: str  # math | code | chat
     turns: tuple[str, ...]  # templated user turns; a later turn follows the model's own answer
-
-
-def default_data_dir() -> Path:
-    """`shared/data` beside the repository checkout."""
-    return REPO_ROOT.parent / "shared" / "data"
 
 
 def apply_template(suite: str, text: str) -> str:
@@ -130,7 +125,7 @@ def load_prompts(data_dir: str, prompts_file: str, suites: str, limit: int) -> l
             raise DcocoError(f"{prompts_file} has no prompts of the suites {suites}")
         return sample_prompts(prompts, limit)
 
-    directory = Path(data_dir) if data_dir else default_data_dir()
+    directory = Path(data_dir) if data_dir else paths.data_dir()
     if not directory.is_dir():
         raise DcocoError(
             f"no suite data at {directory}: pass --data-dir DIR (holding <suite>.jsonl) or "

@@ -10,7 +10,8 @@ slot p + 1:
 L is the drafter's logit of a candidate, z a candidate representation (its token embedding fused
 with its slot's hidden state) and s_p a state of the slot pair (p, p + 1). delta's output layer
 starts at zero, so an untrained corrector keeps the drafter's own scores, S[p, a, b] = L[p + 1, b].
-A selection rule (dcoco.decode.selection) then walks S to pick one candidate per slot.
+A selection rule (dcoco.models.selection), named by the caller, then walks S to pick one candidate
+per slot.
 
 The target's embedding is shared and frozen; like the drafter's, it is held outside the module's
 registry so it never enters the state_dict or the optimizer.
@@ -26,6 +27,13 @@ from torch import Tensor, nn
 
 from dcoco.errors import DcocoError
 from dcoco.models.heads import HeadBatch, HeadLoss
+from dcoco.models.selection import (
+    DEFAULT_SELECTION,
+    SELECTION_RULES,
+    Scores,
+    check_selection,
+    selected_token_ids,
+)
 
 
 @dataclass(frozen=True)
@@ -41,15 +49,6 @@ class CorrectorConfig:
             raise DcocoError("a corrector needs hidden size, top-k and MLP width all >= 1")
 
 
-@dataclass
-class Scores:
-    """The corrector's view of one drafted block."""
-
-    candidate_ids: Tensor  # [batch, slots, K] int64, by drafter logit, descending
-    candidate_logits: Tensor  # [batch, slots, K] fp32: L, the drafter's logits of the candidates
-    transitions: Tensor  # [batch, slots - 1, K, K] fp32: S[p, a, b]
-
-
 class Corrector(nn.Module):
     """Transition scores over the drafter's top-K candidates. `embed_tokens` is the target's."""
 
@@ -57,7 +56,6 @@ class Corrector(nn.Module):
 
     def __init__(self, config: CorrectorConfig, embed_tokens: nn.Embedding):
         super().__init__()
-        self.selection = "greedy"
         if embed_tokens.embedding_dim != config.hidden_size:
             raise DcocoError(
                 f"corrector hidden size {config.hidden_size} does not match the embedding size "
@@ -89,22 +87,6 @@ class Corrector(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.delta_in.weight.dtype
-
-    @property
-    def selection(self) -> str:
-        """How `select` walks the scores (dcoco.decode.selection): a decoding choice, not a
-        weight, so it is not in the checkpoint."""
-        return self._selection
-
-    @selection.setter
-    def selection(self, rule: str) -> None:
-        from dcoco.decode.selection import SELECTION_RULES
-
-        if rule not in SELECTION_RULES:
-            raise DcocoError(
-                f"unknown selection '{rule}': choose one of {', '.join(SELECTION_RULES)}"
-            )
-        self._selection = rule
 
     def candidate_repr(self, hidden: Tensor, candidate_ids: Tensor) -> Tensor:
         """z [batch, slots, K, mlp_hidden] from hidden [batch, slots, hidden] and candidate ids
@@ -151,12 +133,17 @@ class Corrector(nn.Module):
         transitions = candidate_logits[:, 1:, None, :] + delta.float()
         return Scores(candidate_ids, candidate_logits, transitions)
 
-    def select(self, hidden: Tensor, logits: Tensor, anchor_ids: Tensor) -> Tensor:
-        """Draft token ids [batch, slots] by the selection rule `self.selection`."""
-        from dcoco.decode.selection import SELECTION_RULES, selected_token_ids
-
+    def select(
+        self,
+        hidden: Tensor,
+        logits: Tensor,
+        anchor_ids: Tensor,
+        selection: str | None = None,
+    ) -> Tensor:
+        """Draft token ids [batch, slots] by the rule named `selection` (default: greedy)."""
+        rule = SELECTION_RULES[check_selection(selection or DEFAULT_SELECTION)]
         scores = self(hidden, logits)
-        return selected_token_ids(scores, SELECTION_RULES[self.selection](scores))
+        return selected_token_ids(scores, rule(scores))
 
     def training_loss(self, batch: HeadBatch) -> HeadLoss:
         """Cross-entropy over the K x K transitions of each adjacent slot pair, labelled with the

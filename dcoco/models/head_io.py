@@ -27,9 +27,13 @@ from dcoco.models.drafter_io import (
     read_weights,
     save_drafter,
 )
-from dcoco.models.heads import build_head, head_config_dict
+from dcoco.models.head_registry import build_head
+from dcoco.models.heads import head_config_dict
 
 HEAD_KEY = "dcoco_head"
+# The corrector's selection rule for a server (dcoco.models.selection): a decoding choice, so never
+# in a trained checkpoint's config, only in the view `dcoco serve` hands to vLLM.
+SELECTION_KEY = "dcoco_selection"
 
 
 def save_with_head(

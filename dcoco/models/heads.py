@@ -9,7 +9,8 @@
 
 Every head has a zero-initialised output, so an untrained head drafts exactly the drafter's argmax.
 All heads share one training contract (`HeadBatch` in, `HeadLoss` out) and one decoding contract
-(`select`), so one trainer, one checkpoint format and one proposer serve them all.
+(`select`), so one trainer, one checkpoint format and one proposer serve them all. This module is
+the contract only; dcoco.models.head_registry maps kind names to the heads.
 """
 
 from __future__ import annotations
@@ -59,39 +60,16 @@ class DraftHead(Protocol):
     ) -> Tensor: ...  # [batch, slots] draft token ids
 
 
-def head_kinds() -> tuple[str, ...]:
-    return ("dcoco", "dspark", "domino")
-
-
-def head_classes(kind: str) -> tuple[type, type[nn.Module]]:
-    """(config dataclass, module class) of a head kind; imported lazily to keep imports light."""
-    if kind == "dcoco":
-        from dcoco.models.corrector import Corrector, CorrectorConfig
-
-        return CorrectorConfig, Corrector
-    if kind == "dspark":
-        from dcoco.models.sequential_heads import MarkovHead, MarkovHeadConfig
-
-        return MarkovHeadConfig, MarkovHead
-    if kind == "domino":
-        from dcoco.models.sequential_heads import GruHead, GruHeadConfig
-
-        return GruHeadConfig, GruHead
-    raise DcocoError(f"unknown head kind '{kind}': choose one of {', '.join(head_kinds())}")
-
-
-def build_head(kind: str, fields: dict, embed_tokens: nn.Embedding) -> nn.Module:
-    """A fresh head of `kind` from config `fields` (unknown fields are an error)."""
-    config_class, module_class = head_classes(kind)
-    known = {f.name for f in dataclasses.fields(config_class)}
-    unknown = sorted(set(fields) - known)
-    if unknown:
-        raise DcocoError(f"{kind} head config has unknown fields {unknown}")
-    try:
-        config = config_class(**fields)
-    except TypeError as error:
-        raise DcocoError(f"bad {kind} head config ({error})") from error
-    return module_class(config, embed_tokens)
+def select_draft(
+    head: DraftHead, hidden: Tensor, logits: Tensor, anchor_ids: Tensor, selection: str | None
+) -> Tensor:
+    """`head.select`, passing the corrector's selection rule (dcoco.models.selection) when the
+    caller names one. Only the corrector has rules; the sequential heads draft one way."""
+    if selection is None:
+        return head.select(hidden, logits, anchor_ids)
+    if head.kind != "dcoco":
+        raise DcocoError(f"a {head.kind} head takes no selection rule (only dcoco does)")
+    return head.select(hidden, logits, anchor_ids, selection=selection)  # type: ignore[call-arg]
 
 
 def head_config_dict(head: nn.Module) -> dict:

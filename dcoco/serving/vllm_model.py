@@ -2,7 +2,7 @@
 
 `DcocoDFlashForCausalLM` is vLLM's `DFlashQwen3ForCausalLM` (the V1 DFlash proposer asserts that
 class) with one addition: `self.head`, the very module the training code builds
-(`dcoco.models.heads.build_head`, config from config.json's `dcoco_head`, weights from the
+(`dcoco.models.head_registry.build_head`, config from config.json's `dcoco_head`, weights from the
 checkpoint's `head.*` tensors). See dcoco.serving.vllm_plugin for how the head's choice reaches
 vLLM's draft.
 
@@ -19,7 +19,6 @@ What the head sees matches `BlockDrafter.draft` + `HeadProposer.propose` in our 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 
 import torch
@@ -27,10 +26,13 @@ from torch import Tensor, nn
 from vllm.config import VllmConfig
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
+from dcoco.errors import DcocoError
 from dcoco.models.drafter_io import HEAD_ARCHITECTURES, HEAD_PREFIX
-from dcoco.models.head_io import HEAD_KEY
-from dcoco.models.heads import build_head
-from dcoco.serving.vllm_plugin import SELECTION_ENV, point_mass_logits, request_layout
+from dcoco.models.head_io import HEAD_KEY, SELECTION_KEY
+from dcoco.models.head_registry import build_head
+from dcoco.models.heads import select_draft
+from dcoco.models.selection import check_selection
+from dcoco.serving.vllm_plugin import point_mass_logits, request_layout
 
 
 class _TargetEmbedding:
@@ -75,14 +77,12 @@ class DcocoDFlashForCausalLM(DFlashQwen3ForCausalLM):
             self.model, self.config.hidden_size, self.config.vocab_size
         )
         self.head = build_head(kind, fields, self._embedding).eval()
-        selection = os.environ.get(SELECTION_ENV)
-        if selection and hasattr(self.head, "selection"):
-            from dcoco.decode.selection import SELECTION_RULES
-
-            if selection not in SELECTION_RULES:
-                choices = ", ".join(SELECTION_RULES)
-                raise ValueError(f"${SELECTION_ENV}={selection}: choose one of {choices}")
-            self.head.selection = selection
+        # The rule comes with the drafter's config (`dcoco serve` writes it), read once here.
+        selection = getattr(self.config, SELECTION_KEY, None)
+        try:
+            self._selection = check_selection(selection) if selection else None
+        except DcocoError as error:
+            raise ValueError(f"config.json {SELECTION_KEY}: {error}") from error
         speculative = vllm_config.speculative_config
         self._default_slots = int(speculative.num_speculative_tokens or 0)
         self._mask_token_id = self.model.mask_token_id
@@ -107,10 +107,12 @@ class DcocoDFlashForCausalLM(DFlashQwen3ForCausalLM):
             self._input_ids, hidden_states.shape[0], self._mask_token_id, self._default_slots
         )
         anchor_ids = self._input_ids[: requests * (slots + 1)].view(requests, slots + 1)[:, 0]
-        chosen = self.head.select(
+        chosen = select_draft(
+            self.head,
             hidden_states.view(requests, slots, -1),
             logits.view(requests, slots, logits.shape[-1]),
             anchor_ids,
+            self._selection,
         )  # [requests, slots]
         return point_mass_logits(chosen.reshape(-1), logits)
 

@@ -28,9 +28,6 @@ MODEL_CLASS = "dcoco.serving.vllm_model:DcocoDFlashForCausalLM"
 # Logit of every token the head did not choose; the chosen one gets 0. Finite, so a softmax at
 # any temperature stays a point mass without NaNs, and representable in bf16/fp16.
 NOT_CHOSEN = -1.0e4
-# The dcoco corrector's selection rule (dcoco.decode.selection) in the vLLM processes; `dcoco
-# serve --method dcoco:RULE` sets it. Unset: the corrector's default.
-SELECTION_ENV = "DCOCO_SELECTION"
 
 _registered = False
 

@@ -13,7 +13,7 @@ import math
 import torch
 from torch import Tensor
 
-IGNORE = -100  # label of slots that carry no loss (cross_entropy's ignore_index)
+from dcoco.contracts import IGNORE
 
 
 def sample_anchors(

@@ -8,27 +8,25 @@ one BlockDrafter.forward, here with a block-diagonal mask.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
-from dcoco import REPO_ROOT
-from dcoco.config import add_config_args, config_from_args
+from dcoco import paths
+from dcoco.config import Command
 from dcoco.data.distill import Sample
 from dcoco.errors import DcocoError
-from dcoco.models.loading import DEFAULT_TARGET
+from dcoco.models.loading import DEFAULT_TARGET, EMBEDDED_TARGETS
 from dcoco.train.loop import run_training
-
-# The shared corpus sits beside the checkout (resolved from the package, not the cwd).
-DEFAULT_CORPUS = REPO_ROOT.parent / "shared" / "data" / "distill" / "smollm2-135m-instruct"
 
 
 @dataclass
 class DrafterTrainConfig:
     target: str = DEFAULT_TARGET
-    corpus: str = str(DEFAULT_CORPUS)
+    corpus: str = ""
     out: str = "runs/drafter"
     num_layers: int = 2
     block_size: int = 16
-    mask_token_id: int = 16
+    mask_token_id: int = -1
     taps: tuple[int, ...] = ()
     gamma: float = 7.0
     lr: float = 6e-4
@@ -73,11 +71,20 @@ class DrafterTrainConfig:
 
 HELPS = {
     "target": "embedded target name or Hugging Face model directory",
-    "corpus": "directory of part-*.jsonl distillation records",
+    "corpus": "directory of part-*.jsonl distillation records; empty = the target's corpus "
+    "under the shared data (dcoco.paths)",
     "out": "run directory (log, ckpt/ for resuming, drafter/ at the end)",
     "num_layers": "draft layers",
-    "mask_token_id": "target vocab row used as the MASK input (an id the target never emits)",
-    "taps": "target layers to tap, comma-separated; empty = DFlash's rule with 3 taps",
+    "block_size": "tokens per block: the anchor plus block_size - 1 draft slots",
+    "lr": "peak learning rate (AdamW; warmup, then cosine decay)",
+    "weight_decay": "AdamW weight decay",
+    "warmup_ratio": "share of the steps spent warming the learning rate up",
+    "grad_clip": "clip the gradient norm to this",
+    "seed": "seed of the init, the batch order and the anchors",
+    "mask_token_id": "target vocab row used as the MASK input (an id the target never emits); "
+    "-1 = the target's own (dcoco.models.loading.EMBEDDED_TARGETS)",
+    "taps": "target layers to tap, comma-separated; empty = the target's own, else DFlash's rule "
+    "with 3 taps",
     "gamma": "slot loss decay: w_k = exp(-(k-1)/gamma)",
     "epochs": "passes over the training split (ignored when --max-steps > 0)",
     "max_steps": "stop after this many optimizer steps; 0 = run the epochs",
@@ -103,20 +110,8 @@ HELPS = {
 }
 
 
-def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "train-drafter",
-        help="train a DFlash block drafter for a target",
-        description="Train a DFlash block drafter on the target's own replies. Writes "
-        "<out>/train_log.jsonl, a resumable <out>/ckpt/ (rerun with the same --out to continue) "
-        "and finally <out>/drafter/ (config.json, model.safetensors, provenance.json).",
-    )
-    add_config_args(parser, DrafterTrainConfig, HELPS)
-    parser.set_defaults(handler=run)
-
-
-def run(args) -> int:
-    result = train(config_from_args(DrafterTrainConfig, args))
+def run(config: DrafterTrainConfig) -> int:
+    result = train(config)
     summary = f"dcoco: drafter -> {result['drafter']} after {result['steps']} steps"
     if result["final"]:
         summary += f"; held-out acceptance length {result['final']['accept']:.2f}"
@@ -134,10 +129,36 @@ def train(
 
     `target` (a TargetModel) and `samples` replace loading `config.target` and `config.corpus`.
     """
-    return run_training(config, target, samples, progress_bar, head_setup=None)
+    return run_training(with_target_defaults(config, target), target, samples, progress_bar, None)
 
 
-if __name__ == "__main__":
-    from dcoco.cli import main
+def with_target_defaults(config: DrafterTrainConfig, target=None) -> DrafterTrainConfig:
+    """`config` with what its flags left to the target filled in: the corpus, and the mask id
+    and taps of the target's registry entry. An `--init` checkpoint brings its own mask id."""
+    name = target.name if target is not None else Path(config.target).name
+    entry = EMBEDDED_TARGETS.get(name)
+    changes: dict = {}
+    if not config.corpus:
+        changes["corpus"] = str(paths.default_corpus(name))
+    if not config.taps and entry is not None:
+        changes["taps"] = entry.taps
+    if config.mask_token_id < 0 and not config.init:
+        if entry is None:
+            raise DcocoError(
+                f"target '{name}' has no default mask token: pass --mask-token-id, an unused row "
+                "of its vocab"
+            )
+        changes["mask_token_id"] = entry.mask_token_id
+    return replace(config, **changes)
 
-    sys.exit(main(["train-drafter", *sys.argv[1:]]))
+
+COMMAND = Command(
+    "train-drafter",
+    "train a DFlash block drafter for a target",
+    DrafterTrainConfig,
+    run,
+    description="Train a DFlash block drafter on the target's own replies. Writes "
+    "<out>/train_log.jsonl, a resumable <out>/ckpt/ (rerun with the same --out to continue) "
+    "and finally <out>/drafter/ (config.json, model.safetensors, provenance.json).",
+    helps=HELPS,
+)

@@ -17,11 +17,11 @@ import dataclasses
 import sys
 from dataclasses import dataclass
 
-from dcoco.config import add_config_args, config_from_args
+from dcoco.config import Command
 from dcoco.data.distill import Sample
 from dcoco.errors import DcocoError
-from dcoco.models.heads import build_head, head_classes, head_kinds
-from dcoco.train.drafter_train import HELPS, DrafterTrainConfig
+from dcoco.models.head_registry import build_head, head_classes, head_kinds
+from dcoco.train.drafter_train import HELPS, DrafterTrainConfig, with_target_defaults
 from dcoco.train.loop import HeadSetup, run_training
 
 MODES = ("joint", "dropin")
@@ -88,20 +88,8 @@ HEAD_HELPS = {
 }
 
 
-def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "train-corrector",
-        help="train a draft head (dcoco corrector, dspark, domino) on a drafter",
-        description="Train a draft head on top of a drafter checkpoint (--init), jointly with "
-        "the drafter or as a drop-in over the frozen drafter. Writes <out>/train_log.jsonl, a "
-        "resumable <out>/ckpt/ and finally <out>/<head>/ (drafter + head, provenance.json).",
-    )
-    add_config_args(parser, HeadTrainConfig, HEAD_HELPS)
-    parser.set_defaults(handler=run)
-
-
-def run(args) -> int:
-    result = train(config_from_args(HeadTrainConfig, args))
+def run(config: HeadTrainConfig) -> int:
+    result = train(config)
     summary = f"dcoco: head checkpoint -> {result['drafter']} after {result['steps']} steps"
     if result["final"]:
         summary += f"; held-out acceptance length {result['final']['accept']:.2f}"
@@ -117,6 +105,7 @@ def train(
     progress_bar: bool = True,
 ) -> dict:
     """Train (or resume) a head as `config` says; returns the held-out metrics and paths."""
+    config = with_target_defaults(config, target)
     setup = HeadSetup(
         build=lambda drafter: build_head(
             config.head, config.head_fields(drafter), drafter._shared[0]
@@ -127,7 +116,13 @@ def train(
     return run_training(config, target, samples, progress_bar, head_setup=setup)
 
 
-if __name__ == "__main__":
-    from dcoco.cli import main
-
-    sys.exit(main(["train-corrector", *sys.argv[1:]]))
+COMMAND = Command(
+    "train-corrector",
+    "train a draft head (dcoco corrector, dspark, domino) on a drafter",
+    HeadTrainConfig,
+    run,
+    description="Train a draft head on top of a drafter checkpoint (--init), jointly with the "
+    "drafter or as a drop-in over the frozen drafter. Writes <out>/train_log.jsonl, a resumable "
+    "<out>/ckpt/ and finally <out>/<head>/ (drafter + head, provenance.json).",
+    helps=HEAD_HELPS,
+)

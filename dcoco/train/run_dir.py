@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 
 import dcoco
-from dcoco import REPO_ROOT
 from dcoco.errors import DcocoError
+from dcoco.paths import REPO_ROOT, portable_record
 
 LOG_FILE = "train_log.jsonl"
 CKPT_FILE = Path("ckpt") / "state.pt"
@@ -55,10 +55,11 @@ class RunDir:
 
 
 def provenance(**fields) -> dict:
-    """`fields` plus what reproduces the run: argv, git commit and package versions."""
+    """`fields` plus what reproduces the run: argv, git commit and package versions. Paths in
+    them are recorded `portable` (dcoco.paths), since the record ships with the artefact."""
     import transformers
 
-    return {
+    record = {
         **fields,
         "argv": sys.argv,
         "git_commit": _git_commit(),
@@ -69,6 +70,7 @@ def provenance(**fields) -> dict:
             "python": sys.version.split()[0],
         },
     }
+    return portable_record(record)
 
 
 def _git_commit() -> str | None:

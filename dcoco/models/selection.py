@@ -3,18 +3,32 @@
 Each rule maps Scores to candidate indices [batch, slots] (index 0 is the drafter's top-1 at that
 slot); `selected_token_ids` turns indices into the draft's token ids. A path k_0 .. k_{slots-1}
 scores L[0, k_0] + sum_p S[p, k_p, k_{p+1}].
+
+The rule is a decoding choice, not a weight: callers pass its name to `Corrector.select` on every
+call (`METHOD:SELECTION` in dcoco.decode.methods; the drafter config's `dcoco_selection` in vLLM).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from dcoco.models.corrector import Scores
+from dcoco.errors import DcocoError
 
 DEFAULT_GAMMA = 0.8
+DEFAULT_SELECTION = "greedy"
+
+
+@dataclass
+class Scores:
+    """The corrector's view of one drafted block."""
+
+    candidate_ids: Tensor  # [batch, slots, K] int64, by drafter logit, descending
+    candidate_logits: Tensor  # [batch, slots, K] fp32: L, the drafter's logits of the candidates
+    transitions: Tensor  # [batch, slots - 1, K, K] fp32: S[p, a, b]
 
 
 def selected_token_ids(scores: Scores, indices: Tensor) -> Tensor:
@@ -78,3 +92,9 @@ SELECTION_RULES: dict[str, Callable[[Scores], Tensor]] = {
     "global": best_path,
     "discounted": discounted_path,
 }
+
+
+def check_selection(rule: str) -> str:
+    if rule not in SELECTION_RULES:
+        raise DcocoError(f"unknown selection '{rule}': choose one of {', '.join(SELECTION_RULES)}")
+    return rule
