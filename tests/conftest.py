@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
@@ -67,3 +69,30 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """What every figure saved during the test shows, by file name: its title, its lines
+    ({label: (xs, ys)}) and its bar groups ({label: heights}). Plot tests check these values."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    saved: dict[str, dict] = {}
+    original = Figure.savefig
+
+    def savefig(self, path, *args, **kwargs):
+        ax = self.axes[0]
+        saved[Path(path).name] = {
+            "title": ax.get_title(),
+            "lines": {
+                line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
+                for line in ax.get_lines()
+                if not line.get_label().startswith("_")  # matplotlib's own, unlabelled lines
+            },
+            "bars": {bars.get_label(): [p.get_height() for p in bars] for bars in ax.containers},
+        }
+        return original(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    return saved

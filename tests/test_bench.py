@@ -81,9 +81,32 @@ def test_bench_writes_samples_summary_and_report(run_dir):
     assert summary["results"]["1"]["pld"]["overall"]["match_rate"] is None
     report = (run_dir / "report.md").read_text()
     assert "| method | gsm8k | mtbench | overall |" in report and "## Definitions" in report
-    pytest.importorskip("matplotlib")
-    assert (run_dir / "tau_per_suite_T0.png").is_file()
-    assert (run_dir / "acceptance_per_position_T1.png").is_file()
+
+
+def test_report_figures_draw_the_summary(run_dir, drawn):
+    from dcoco.eval.report import build_report
+
+    build_report(run_dir, plots=True)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for tkey in ("0", "1"):
+        results = summary["results"][tkey]
+        taus = drawn[f"tau_per_suite_T{tkey}.png"]
+        assert taus["title"] == f"τ (tokens per verify cycle), T = {tkey}"
+        for method in ("plain", "pld"):
+            expected = [results[method]["suites"][s]["tau"] for s in summary["suites"]]
+            expected.append(results[method]["overall"]["tau"])
+            assert taus["bars"][method] == pytest.approx(expected)
+        speedups = drawn[f"speedup_per_suite_T{tkey}.png"]["bars"]
+        assert speedups == {"pld": pytest.approx(
+            [results["pld"]["suites"][s]["speedup"] for s in summary["suites"]]
+            + [results["pld"]["overall"]["speedup"]]
+        )}  # fmt: skip
+        # plain drafts nothing, so only pld has an acceptance curve
+        curves = drawn[f"acceptance_per_position_T{tkey}.png"]["lines"]
+        rates = results["pld"]["overall"]["per_position_acceptance"]
+        assert list(curves) == ["pld"] and curves["pld"][0] == list(range(1, len(rates) + 1))
+        expected = [float("nan") if rate is None else rate for rate in rates]
+        assert curves["pld"][1] == pytest.approx(expected, nan_ok=True)
 
 
 def test_resume_skips_done_samples_and_a_rerun_needs_it(run_dir, config, target):
@@ -174,8 +197,19 @@ def test_bench_runs_head_methods_on_an_arbitrary_file(config, target, tmp_path):
         for key, record in rows.items():
             assert record["new_ids"] == by_method["plain"][key]["new_ids"], (method, key)
     assert any(r["time_s"]["correct"] > 0 for r in by_method[f"dcoco@{dcoco_dir}"].values())
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary
+    summary = json.loads((run_dir / "summary.json").read_text())["results"]["0"]
+    assert set(summary) == set(methods)
+    for method in methods:
+        overall = summary[method]["overall"]
+        # every head is lossless in fp32: each sample equals plain's, token for token
+        assert overall["match_rate"] == 1.0 and overall["samples"] == len(by_method["plain"])
+        assert overall["tau"] >= 1.0
+    assert summary["plain"]["overall"]["tau"] == 1.0
+    # only the heads spend time correcting after the drafter's pass; every drafter method drafts
+    correct_ms = {m: summary[m]["overall"]["cycle_split"]["correct_ms"] for m in methods}
+    assert correct_ms["plain"] == correct_ms[f"dflash@{dcoco_dir}"] == 0.0
+    assert all(correct_ms[m] > 0 for m in methods[2:])
+    assert all(summary[m]["overall"]["cycle_split"]["draft_ms"] > 0 for m in methods[1:])
 
 
 def test_heldout_on_a_bench_run_rebuilds_its_prompts(run_dir, target, tmp_path):

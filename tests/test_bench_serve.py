@@ -149,7 +149,7 @@ def fake_server():
     server.server_close()
 
 
-def test_bench_serve_runs_end_to_end_against_a_server(fake_server, tmp_path):
+def test_bench_serve_runs_end_to_end_against_a_server(fake_server, tmp_path, drawn):
     prompts = tmp_path / "suite.jsonl"
     records = [{"id": str(i), "category": "chat", "turns": [f"hi {i}", "more"]} for i in range(3)]
     prompts.write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -178,12 +178,21 @@ def test_bench_serve_runs_end_to_end_against_a_server(fake_server, tmp_path):
         assert level["spec"]["tau"] == pytest.approx(1 + 3 / 2)
         assert level["per_request_tau_mean"] == pytest.approx(2.5)
     assert json.loads((out / "bench_serve.json").read_text())["label"] == "fake"
-    assert (out / "throughput_vs_concurrency.png").stat().st_size > 0
+    # the figure draws output tok/s against concurrency, one line per temperature
+    lines = drawn.pop("throughput_vs_concurrency.png")["lines"]
+    assert set(lines) == {"fake T=0", "fake T=1"}
+    for temperature, label in ((0.0, "fake T=0"), (1.0, "fake T=1")):
+        levels = [lv for lv in result["levels"] if lv["temperature"] == temperature]
+        assert lines[label] == ([1, 2], [lv["output_tok_s"] for lv in levels])
     # --compare redraws several runs in one figure, without a server
+    other = {**result, "label": "other"}
+    (tmp_path / "other.json").write_text(json.dumps(other))
     compared = tmp_path / "cmp"
-    files = f"{out / 'bench_serve.json'},{out / 'bench_serve.json'}"
+    files = f"{out / 'bench_serve.json'},{tmp_path / 'other.json'}"
     assert main(["bench-serve", "--compare", files, "--out", str(compared)]) == 0
-    assert (compared / "throughput_vs_concurrency.png").is_file()
+    assert set(drawn["throughput_vs_concurrency.png"]["lines"]) == {
+        "fake T=0", "fake T=1", "other T=0", "other T=1"
+    }  # fmt: skip
     table = (compared / "summary.md").read_text()
     assert "| fake | 0 |" in table and "c=2 tok/s" in table
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from dcoco.models.selection import (
+    DEFAULT_GAMMA,
     SELECTION_RULES,
     Scores,
     best_path,
@@ -98,8 +99,16 @@ def test_top1_and_token_ids():
 
 @pytest.mark.parametrize("slots", [1, 5])
 @pytest.mark.parametrize("rule", sorted(SELECTION_RULES))
-def test_every_rule_picks_one_candidate_per_slot(rule, slots):
-    scores = random_scores(batch=3, slots=slots, top_k=4)
+def test_every_rule_picks_the_path_its_objective_names(rule, slots):
+    scores = random_scores(batch=3, slots=slots, top_k=4, seed=slots)
     indices = SELECTION_RULES[rule](scores)
-    assert indices.shape == (3, slots) and indices.dtype == torch.long
-    assert 0 <= int(indices.min()) and int(indices.max()) < 4
+    assert indices.dtype == torch.long
+    expected = {
+        "top1": [[0] * slots for _ in range(3)],
+        "greedy": reference_greedy(scores),
+        "global": brute_force(scores, [1.0] * slots),
+        "discounted": brute_force(scores, [DEFAULT_GAMMA**p for p in range(slots)]),
+    }[rule]
+    assert indices.tolist() == expected
+    if slots == 1:  # one slot has no transitions: every rule keeps the drafter's top-1
+        assert not indices.any()
