@@ -4,25 +4,29 @@
 # finished run is skipped. Same seed, steps, sequences and anchors for every run after stage 0, so
 # dflash / dcoco-joint / the drop-in heads compare at the same training budget.
 #
-#   stage 0 (make train-drafter): the base drafter, 400 steps           -> checkpoints/.../dflash-base
+#   stage 0 (train_drafter.sh): the base drafter, 400 steps            -> checkpoints/.../dflash-base
 #   stage 1: the base drafter trained on           STEPS more steps     -> dflash (the baseline)
 #   stage 2: the DCOCO corrector, drop-in over the frozen stage-1 drafter -> dcoco-dropin
 #   stage 3: base drafter + DCOCO corrector, joint, STEPS steps            -> dcoco
 #   stage 4: the sequential heads, drop-in like stage 2                    -> dspark, domino
 #   stage 5: the corrector ablations, drop-in (no pair state, no candidate representation)
 #
-# Usage: scripts/train_smollm2.sh [BASE_DRAFTER_DIR]   (env: STEPS, HEAD_STEPS, EVAL_EVERY, ABLATIONS,
-#                                                     RUNS, DCOCO, THREADS)
+# The defaults are the shipped budget (60 steps each, 1 thread, ablations on); ship_heads.sh then
+# copies the runs into checkpoints/.
+#
+# Usage: scripts/reproduce/train_heads.sh [BASE_DRAFTER_DIR]
+#        (env: STEPS, HEAD_STEPS, EVAL_EVERY, ABLATIONS, RUNS, DCOCO, THREADS)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
+make -s venv
 DCOCO=${DCOCO:-.venv/bin/dcoco}
 RUNS=${RUNS:-runs}
-STEPS=${STEPS:-120}
+STEPS=${STEPS:-60}
 HEAD_STEPS=${HEAD_STEPS:-60}
-THREADS=${THREADS:-2}
+THREADS=${THREADS:-1}
 BASE=${1:-checkpoints/smollm2-135m-instruct/dflash-base}
 COMMON=(--batch-size 4 --anchors-per-seq 64 --loss-vocab 16000 --seed 1
-        --feature-cache "$RUNS/features" --eval-every ${EVAL_EVERY:-40} --save-every 20 --heldout 32
+        --feature-cache "$RUNS/features" --eval-every ${EVAL_EVERY:-60} --save-every 20 --heldout 32
         --threads "$THREADS")
 
 done_run() { [ -f "$1/provenance.json" ]; }
@@ -52,8 +56,8 @@ done_run "$RUNS/domino/domino" ||
   "$DCOCO" train-corrector --head domino --mode dropin --init "$DRAFTER" --out "$RUNS/domino" \
     --lr 3e-3 --mlp-hidden 128 --lambda-warm 0 "${COMMON[@]}" ||
   failed domino
-# The ablations are opt-in (ABLATIONS=1): two more drop-in runs.
-[ "${ABLATIONS:-0}" = 1 ] || { echo "runs done under $RUNS ($FAILURES failed)"; exit "$FAILURES"; }
+# The ablations (ABLATIONS=0 skips them): two more drop-in runs.
+[ "${ABLATIONS:-1}" = 1 ] || { echo "runs done under $RUNS ($FAILURES failed)"; exit "$FAILURES"; }
 done_run "$RUNS/dcoco-nopair/dcoco" ||
   "$DCOCO" train-corrector --head dcoco --mode dropin --init "$DRAFTER" \
     --out "$RUNS/dcoco-nopair" --lr 3e-3 --no-use-pair-state "${COMMON[@]}" ||

@@ -5,10 +5,11 @@
 # interleaves the methods prompt by prompt. Always --resume: rerun the script to continue a run
 # that was stopped; it ends by rebuilding report.md and the plots from every shard's samples.
 #
-# Usage: scripts/bench_ten_suites.sh   (env: METHODS, RUN, LIMIT, MAX_TOKENS, TEMPS, DRAFTS,
-#                                       SHARDS, THREADS, LOGS)
+# Usage: scripts/reproduce/bench_ten_suites.sh   (env: METHODS, RUN, LIMIT, MAX_TOKENS, TEMPS,
+#                                                 DRAFTS, SHARDS, THREADS, LOGS)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
+make -s venv
 METHODS=${METHODS:-plain,pld,dflash,dcoco,dspark,domino}
 RUN=${RUN:-smollm2-ten-suites}
 LIMIT=${LIMIT:-10}           # prompts per suite (MT-Bench: two turns each)

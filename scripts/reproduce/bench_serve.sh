@@ -4,10 +4,11 @@
 # on the machine), then `dcoco bench-serve` loads it; a final --compare writes summary.md and one
 # figure for all methods. Drafter methods use the checkpoints shipped in checkpoints/<target>/.
 #
-# Usage: scripts/bench_serve_smollm2.sh   (env: METHODS, OUT, LIMIT, MAX_TOKENS, CONC, TEMPS,
-#                                          DRAFTS, ROUNDS, PORT)
+# Usage: scripts/reproduce/bench_serve.sh   (env: METHODS, OUT, LIMIT, MAX_TOKENS, CONC, TEMPS,
+#                                            DRAFTS, ROUNDS, PORT)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
+make -s venv
 METHODS=${METHODS:-"plain dflash dcoco dspark domino"}
 OUT=${OUT:-results/smollm2-vllm-serve}
 LIMIT=${LIMIT:-2}            # prompts per suite (gsm8k, humaneval, mtbench)
@@ -21,7 +22,7 @@ LOGS=${LOGS:-runs/serve-logs}
 make -s venv-vllm
 mkdir -p "$OUT" "$LOGS"
 # Intel OpenMP for the vLLM worker: vLLM warns that speculative decoding on CPU is slow without it.
-export LD_PRELOAD="$PWD/.venv-vllm/lib/libiomp5.so"
+export LD_PRELOAD="${DCOCO_VLLM_VENV:-$PWD/.venv-vllm}/lib/libiomp5.so"
 files=()
 for method in $METHODS; do
   name=${method//[@:\/]/-}
