@@ -26,6 +26,7 @@ COMMANDS = (
     "dcoco.data.datagen",
     "dcoco.serving.serve",
     "dcoco.eval.serving_bench",
+    "dcoco.eval.train_curves",
 )
 
 

@@ -61,3 +61,27 @@ def test_heldout_reuses_rows_of_an_earlier_run_with_the_same_settings(tmp_path):
     assert measure(wider, target=object(), samples=[], done={"dflash": row, "dspark": row})[
         "methods"
     ] == {"dflash": row, "dspark": row}
+
+
+def test_heldout_adds_the_count_bigram_on_the_same_blocks(tiny_llama_target, tmp_path):
+    target = tiny_llama_target
+    config = DrafterConfig.for_target(target, num_layers=1, block_size=4, mask_token_id=3,
+                                      target_layer_ids=(0, 2))  # fmt: skip
+    torch.manual_seed(0)
+    path = save_with_head(
+        tmp_path / "dcoco",
+        BlockDrafter(config, target.embed_tokens, target.lm_head),
+        Corrector(CorrectorConfig(64, top_k=4, mlp_hidden=8), target.embed_tokens),
+        target.info,
+        torch.float32,
+    )
+    # A 10-token cycle: the bigram counted on other records of it predicts every slot.
+    cycle = list(range(20, 30))
+    records = [Sample(f"c{i}", (5, 6), tuple((cycle[i:] + cycle[:i]) * 3)) for i in range(10)]
+    settings = HeldoutConfig(methods=(f"dflash@{path}",), slots=(1, 3), anchors_per_seq=0)
+    result = measure(settings, target=target, samples=records[:2], bigram_split=records[2:])
+    bigram, drafter = result["methods"]["count bigram"], result["methods"][f"dflash@{path}"]
+    assert bigram["blocks"] == drafter["blocks"] == 2 * 27  # the very same blocks
+    assert bigram["tau"] == {"1": 2.0, "3": 4.0} and bigram["per_position"] == [1.0, 1.0, 1.0]
+    assert drafter["tau"]["3"] < 2.0  # an untrained drafter is far below the table
+    assert "| count bigram |" in markdown_table(result)

@@ -30,36 +30,46 @@ class Sample:
         return len(self.prompt_ids) + len(self.response_ids)
 
 
-def load_corpus(
-    directory: str | Path, max_records: int | None = None, max_tokens: int | None = None
-) -> list[Sample]:
-    """Read the records of every `part-*.jsonl` in `directory`.
-
-    `max_records` stops after that many records; `max_tokens` cuts each sequence (prompt +
-    response) to that length by shortening the response, dropping records left with no response.
-    """
+def corpus_parts(directory: str | Path) -> list[Path]:
+    """The `part-*.jsonl` files of a corpus directory, in name order."""
     directory = Path(directory)
     if not directory.is_dir():
         raise DcocoError(f"corpus directory {directory} does not exist")
     parts = sorted(directory.glob("part-*.jsonl"))
     if not parts:
         raise DcocoError(f"corpus directory {directory} has no part-*.jsonl files")
+    return parts
+
+
+def read_part(part: Path, max_tokens: int | None = None) -> list[Sample]:
+    """The records of one part file; `max_tokens` cuts each sequence (prompt + response) to that
+    length by shortening the response, dropping records left with no response."""
     samples: list[Sample] = []
-    for part in parts:
-        with part.open() as lines:
-            for number, line in enumerate(lines, start=1):
-                if max_records is not None and len(samples) >= max_records:
-                    return samples
-                if not line.strip():
+    with part.open() as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            sample = _parse(line, f"{part}:{number}")
+            if max_tokens is not None:
+                keep = max_tokens - len(sample.prompt_ids)
+                if keep <= 0:
                     continue
-                sample = _parse(line, f"{part}:{number}")
-                if max_tokens is not None:
-                    keep = max_tokens - len(sample.prompt_ids)
-                    if keep <= 0:
-                        continue
-                    sample = Sample(sample.id, sample.prompt_ids, sample.response_ids[:keep])
-                if sample.response_ids:
-                    samples.append(sample)
+                sample = Sample(sample.id, sample.prompt_ids, sample.response_ids[:keep])
+            if sample.response_ids:
+                samples.append(sample)
+    return samples
+
+
+def load_corpus(
+    directory: str | Path, max_records: int | None = None, max_tokens: int | None = None
+) -> list[Sample]:
+    """Read the records of every `part-*.jsonl` in `directory` (see `read_part`); `max_records`
+    stops after that many records."""
+    samples: list[Sample] = []
+    for part in corpus_parts(directory):
+        samples.extend(read_part(part, max_tokens))
+        if max_records is not None and len(samples) >= max_records:
+            return samples[:max_records]
     return samples
 
 

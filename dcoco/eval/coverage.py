@@ -27,7 +27,7 @@ from dcoco.errors import DcocoError
 from dcoco.models.drafter_io import load_drafter
 from dcoco.models.loading import DEFAULT_TARGET, load_target
 from dcoco.paths import default_corpus, portable_record
-from dcoco.train.block_pass import block_chunks, prepare_item
+from dcoco.train.block_pass import AnchorRule, block_chunks, prepare_item
 from dcoco.train.target_features import TargetFeatures
 
 JSON_FILE = "coverage.json"
@@ -99,7 +99,9 @@ def measure(config: CoverageConfig, target=None, samples: list[Sample] | None = 
     anchors = config.anchors_per_seq or 1 << 30
     with torch.no_grad():
         for sample in tqdm(samples, unit="seq", file=sys.stderr):
-            item = prepare_item(sample, features, anchors, block_size, generator)
+            item = prepare_item(
+                sample, features, AnchorRule(anchors), block_size, generator, 0, target.device
+            )
             for chunk in block_chunks(drafter, item, 32):
                 ranked = drafter.logits(chunk.hidden).float().topk(top_k, dim=-1).indices
                 found = (ranked == chunk.label_ids[..., None]).cumsum(-1) > 0  # [blocks, slots, K]

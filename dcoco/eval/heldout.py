@@ -25,16 +25,19 @@ from torch import Tensor
 from tqdm import tqdm
 
 from dcoco.config import Command
+from dcoco.data.bigram import CountBigram
 from dcoco.data.distill import load_corpus, split_heldout
 from dcoco.decode.methods import MethodOptions, build_proposer, check_method
 from dcoco.errors import DcocoError
 from dcoco.models.heads import select_draft
 from dcoco.models.loading import DEFAULT_TARGET, load_target
 from dcoco.paths import default_corpus, portable_record
-from dcoco.train.block_pass import block_chunks, prepare_item
+from dcoco.train.block_pass import AnchorRule, block_chunks, prepare_item
 from dcoco.train.target_features import TargetFeatures
 
 JSON_FILE = "heldout.json"
+# The row of the count baseline (dcoco.data.bigram): x_t -> x_{t+k} from the anchor token alone.
+BIGRAM = "count bigram"
 TABLE_FILE = "heldout.md"
 
 
@@ -77,8 +80,14 @@ def _earlier_rows(path: Path, config: HeldoutConfig) -> dict:
     return earlier.get("methods", {}) if stored == settings else {}
 
 
-def measure(config: HeldoutConfig, target=None, samples=None, done: dict | None = None) -> dict:
-    """Rows for every method of `config`; those in `done` (method -> row) are reused."""
+def measure(
+    config: HeldoutConfig, target=None, samples=None, done: dict | None = None, bigram_split=None
+) -> dict:
+    """Rows for every method of `config`; those in `done` (method -> row) are reused. The count
+    bigram's row is counted on `bigram_split`, by default (records read here) the corpus less
+    its held-out split; records passed in get it only with a `bigram_split`."""
+    if samples is None and bigram_split is None:
+        bigram_split = _bigram_split(config)
     if config.threads > 0:
         torch.set_num_threads(config.threads)
     methods = [check_method(m) for m in config.methods if m.strip()]
@@ -93,6 +102,8 @@ def measure(config: HeldoutConfig, target=None, samples=None, done: dict | None 
         corpus = config.corpus or default_corpus(config.target)
         _, samples = split_heldout(load_corpus(corpus), config.records)
     rows = {}
+    if done and BIGRAM in done:
+        bigram_split = None
     for method in methods:
         if done and method in done:
             rows[method] = done[method]
@@ -100,23 +111,45 @@ def measure(config: HeldoutConfig, target=None, samples=None, done: dict | None 
         proposer = build_proposer(method, target, MethodOptions())
         if proposer is None or not hasattr(proposer, "drafter"):
             raise DcocoError(f"'{method}' is not a drafter method")
-        rows[method] = _accept(proposer, target, samples, config)
+        bigram = None
+        if bigram_split is not None:  # counted once, on the first measured drafter's blocks
+            slots = proposer.drafter.config.block_size - 1
+            bigram = CountBigram(bigram_split, slots, proposer.drafter.config.vocab_size)
+            bigram_split = None
+        rows[method], bigram_row = _accept(proposer, target, samples, config, bigram)
+        if bigram_row is not None:
+            rows[BIGRAM] = bigram_row
+    if done and BIGRAM in done:
+        rows[BIGRAM] = done[BIGRAM]
     return {"config": asdict(config), "sequences": len(samples), "methods": rows}
 
 
-def _accept(proposer, target, samples, config: HeldoutConfig) -> dict:
+def _bigram_split(config: HeldoutConfig) -> list:
+    """The corpus records the bigram may count: all but the held-out split."""
+    train, _ = split_heldout(
+        load_corpus(config.corpus or default_corpus(config.target)), config.records
+    )
+    return train
+
+
+def _accept(proposer, target, samples, config: HeldoutConfig, bigram=None):
+    """(row, bigram row or None): the method's acceptance on the held-out blocks and, with a
+    `bigram`, the count baseline's on the very same blocks."""
     drafter, head = proposer.drafter, getattr(proposer, "head", None)
     block_size = drafter.config.block_size
     features = TargetFeatures(target, drafter.config.target_layer_ids, config.feature_cache)
     generator = torch.Generator().manual_seed(0)  # the same anchors for every method
     anchors = config.anchors_per_seq or 1 << 30  # 0: every response position
     corrects: dict[str, list[Tensor]] = {}  # suite ("" for corpus records) -> [blocks, slots]
+    bigram_corrects: dict[str, list[Tensor]] = {}
     with torch.no_grad():
         for sample in tqdm(samples, unit="seq", file=sys.stderr, desc=proposer.name):
             if len(sample.response_ids) < block_size:
                 continue
             suite = sample.id.split("/")[0] if config.bench_run else ""
-            item = prepare_item(sample, features, anchors, block_size, generator)
+            item = prepare_item(
+                sample, features, AnchorRule(anchors), block_size, generator, 0, target.device
+            )
             for chunk in block_chunks(drafter, item, 32):
                 logits = drafter.logits(chunk.hidden).float()  # [blocks, slots, vocab]
                 drafted = (
@@ -127,8 +160,15 @@ def _accept(proposer, target, samples, config: HeldoutConfig) -> dict:
                     )
                 )
                 corrects.setdefault(suite, []).append((drafted == chunk.label_ids).cpu())
+                if bigram is not None:
+                    guess = bigram.predict(chunk.anchor_ids)  # [blocks, slots]
+                    bigram_corrects.setdefault(suite, []).append((guess == chunk.label_ids).cpu())
     if not corrects:
         raise DcocoError(f"no reply is as long as a block ({block_size} tokens)")
+    return _row(corrects, config), (_row(bigram_corrects, config) if bigram else None)
+
+
+def _row(corrects: dict[str, list[Tensor]], config: HeldoutConfig) -> dict:
     row = _summary(torch.cat([c for parts in corrects.values() for c in parts]), config.slots)
     if config.bench_run:
         row["suites"] = {

@@ -12,6 +12,7 @@ outside the shortlist carries no loss. Decoding and evaluation always use the fu
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from dcoco.train.blocks import (
     block_attention_mask,
     block_inputs_and_labels,
     sample_anchors,
+    strided_anchors,
 )
 
 
@@ -66,7 +68,8 @@ class LossVocab:
         """Token ids -> logit columns; IGNORE where the token is outside the shortlist."""
         if self.column is None:
             return label_ids
-        return self.column[label_ids]
+        # IGNORE (-100) would index from the end of `column`; keep it IGNORE instead.
+        return self.column[label_ids.clamp(min=0)].masked_fill(label_ids < 0, IGNORE)
 
     def token_ids(self, columns: Tensor) -> Tensor:
         return columns if self.vocab_ids is None else self.vocab_ids[columns]
@@ -81,14 +84,31 @@ class Item:
     anchors: Tensor  # [n] int64, sorted
 
 
+@dataclass(frozen=True)
+class AnchorRule:
+    """Which blocks of a sequence a pass trains on: `per_seq` random anchors, or with `stride`
+    > 0 every stride-th reply position, shifted by one each epoch (dense anchors)."""
+
+    per_seq: int
+    stride: int = 0
+
+    def anchors(self, sample: Sample, block_size: int, epoch: int, generator) -> Tensor:
+        loss_mask = torch.zeros(sample.num_tokens, dtype=torch.bool)
+        loss_mask[len(sample.prompt_ids) :] = True
+        if self.stride <= 0:
+            return sample_anchors(loss_mask, self.per_seq, block_size, generator)
+        # A per-record phase, so one epoch's blocks do not all sit at the same reply offsets.
+        phase = int(hashlib.sha1(sample.id.encode()).hexdigest()[:8], 16)
+        return strided_anchors(loss_mask, self.stride, (phase + epoch) % self.stride, block_size)
+
+
 def prepare_item(
-    sample: Sample, features, anchors_per_seq: int, block_size: int, generator: torch.Generator
+    sample: Sample, features, rule: AnchorRule, block_size: int, generator, epoch: int, device
 ) -> Item:
-    """Target taps of `sample` (via `features`, a TargetFeatures) and its sampled anchors."""
-    ids = torch.tensor(sample.input_ids, device=features.target.device)
-    loss_mask = torch.zeros(sample.num_tokens, dtype=torch.bool, device=ids.device)
-    loss_mask[len(sample.prompt_ids) :] = True
-    anchors = sample_anchors(loss_mask, anchors_per_seq, block_size, generator)
+    """Target taps of `sample` (via `features`, a TargetFeatures or FeatureCache) and its
+    anchors under `rule`."""
+    ids = torch.tensor(sample.input_ids, device=device)
+    anchors = rule.anchors(sample, block_size, epoch, generator).to(device)
     return Item(ids=ids, features=features(sample), anchors=anchors)
 
 
@@ -104,7 +124,7 @@ def block_chunks(drafter: BlockDrafter, item: Item, chunk: int) -> Iterator[Bloc
     block_size = drafter.config.block_size
     ids = item.ids[None]  # [1, tokens]
     context_positions = torch.arange(ids.shape[1], device=ids.device)[None]
-    for anchors in item.anchors.split(chunk):
+    for anchors in item.anchors.split(chunk) if item.anchors.numel() else ():
         anchors = anchors[None]  # [1, n]
         block_ids, positions, labels = block_inputs_and_labels(
             ids, anchors, block_size, drafter.config.mask_token_id

@@ -33,6 +33,24 @@ def sample_anchors(
     return candidates[pick.to(candidates.device)].sort().values
 
 
+def strided_anchors(
+    loss_mask: Tensor,  # [tokens] bool: True on response tokens
+    stride: int,
+    offset: int,
+    block_size: int,
+) -> Tensor:
+    """Dense anchors: every `stride`-th usable response position, starting `offset` (mod
+    `stride`) into the response, as a sorted [n]. Shifting `offset` by one each epoch makes every
+    reply position an anchor once every `stride` epochs. Blocks may overlap; the block mask keeps
+    each one blind to the others."""
+    usable = loss_mask.clone()
+    usable[max(loss_mask.shape[0] - block_size + 1, 0) :] = False
+    candidates = usable.nonzero().flatten()
+    if candidates.numel() == 0:
+        return candidates
+    return candidates[(candidates - candidates[0] - offset) % stride == 0]
+
+
 def block_inputs_and_labels(
     input_ids: Tensor,  # [batch, tokens]
     anchors: Tensor,  # [batch, n]

@@ -37,6 +37,7 @@ class DrafterTrainConfig:
     max_steps: int = 0
     batch_size: int = 4
     anchors_per_seq: int = 32
+    anchor_stride: int = 0
     max_seq_len: int = 1024
     max_records: int = 0
     seed: int = 0
@@ -49,6 +50,7 @@ class DrafterTrainConfig:
     threads: int = 0
     feature_cache: str = ""
     init: str = ""
+    init_from_target: bool = False
     loss_vocab: int = 0
     anchor_chunk: int = 32
 
@@ -89,7 +91,10 @@ HELPS = {
     "epochs": "passes over the training split (ignored when --max-steps > 0)",
     "max_steps": "stop after this many optimizer steps; 0 = run the epochs",
     "batch_size": "sequences per optimizer step",
-    "anchors_per_seq": "blocks sampled per sequence per step",
+    "anchors_per_seq": "blocks sampled per sequence per step (random anchors; held-out blocks "
+    "always use this rule)",
+    "anchor_stride": "dense anchors: every N-th reply position is an anchor, shifted by one each "
+    "epoch so every position serves once per N epochs; 0 = --anchors-per-seq random anchors",
     "max_seq_len": "cut sequences (prompt + response) to this many tokens",
     "max_records": "read at most this many corpus records; 0 = all",
     "target_dtype": "frozen target dtype (fp32, bf16, fp16); CPUs without AVX512-BF16/AMX run bf16 "
@@ -101,8 +106,12 @@ HELPS = {
     "heldout": "held-out sequences (chosen by hash of id) for the acceptance estimate",
     "save_every": "steps between resumable checkpoints",
     "threads": "torch CPU threads; 0 = torch's default",
-    "feature_cache": "directory to keep target features in (bf16); empty = recompute",
+    "feature_cache": "root of the target-feature cache (memory-mapped bf16 shards per corpus "
+    "part, built where missing); empty = the cache dir ($DCOCO_CACHE_DIR); off = recompute "
+    "every step",
     "init": "start from this drafter checkpoint (its shape overrides the shape flags)",
+    "init_from_target": "start a fresh drafter from the target's last layers, final norm and "
+    "deepest tap (dcoco.train.warm_start) instead of a random init",
     "loss_vocab": "train the loss over the N most frequent reply tokens of the corpus (a CPU "
     "speed-up: the full head is most of a step); 0 = the full vocabulary. Evaluation and "
     "decoding always use the full vocabulary",

@@ -1,39 +1,50 @@
 """The training loop shared by `dcoco train-drafter` and `dcoco train-corrector`.
 
-Each step takes `batch_size` sequences, computes their target taps once (no grad), samples
-`anchors_per_seq` full blocks per sequence and runs them through the drafter (dcoco.train.
-block_pass). Without a head the loss is the drafter's; with one it is the head's, plus the
-drafter's when the drafter trains too (joint), or the head's alone over a frozen drafter (drop-in).
+Each step takes `batch_size` sequences, reads their target taps (from the feature cache, or
+computed once per step without grad), picks their blocks (random anchors, or dense strided ones)
+and runs them through the drafter (dcoco.train.block_pass). Without a head the loss is the
+drafter's; with one it is the head's, plus the drafter's when the drafter trains too (joint), or
+the head's alone over a frozen drafter (drop-in).
 
-Losses are Sum w*loss / Sum w over the whole batch, with gradients accumulated chunk by chunk.
-Batch order and anchors derive from (seed, step), so a run resumed from `<out>/ckpt/` continues
-exactly where it stopped.
+Losses are Sum w*loss / Sum w over the batch's labelled slots, with gradients accumulated chunk by
+chunk. Batch order and anchors derive from (seed, step), so a run resumed from `<out>/ckpt/`
+continues exactly where it stopped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import json
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from dcoco.data.bigram import CountBigram
 from dcoco.data.distill import Sample, load_corpus, split_heldout
 from dcoco.errors import DcocoError
 from dcoco.models.drafter import BlockDrafter, DrafterConfig, check_compatible
-from dcoco.models.drafter_io import load_drafter, save_drafter
-from dcoco.models.head_io import save_with_head
+from dcoco.models.drafter_io import load_drafter
 from dcoco.models.loading import load_target
-from dcoco.train.block_pass import LossVocab, block_chunks, chunk_losses, prepare_item
+from dcoco.train.block_pass import (
+    IGNORE,
+    AnchorRule,
+    LossVocab,
+    block_chunks,
+    chunk_losses,
+    prepare_item,
+)
 from dcoco.train.blocks import acceptance_stats, slot_weights
-from dcoco.train.run_dir import RunDir, provenance
-from dcoco.train.target_features import TargetFeatures
+from dcoco.train.feature_cache import open_features
+from dcoco.train.run_dir import RunDir
+from dcoco.train.run_end import finish_run, save_artefact
+from dcoco.train.warm_start import warm_start_from_target
+
+SNAPSHOT = "snapshot"  # <out>/snapshot/: the latest saved weights as a loadable checkpoint
 
 
 @dataclass
@@ -46,26 +57,73 @@ class HeadSetup:
 
 
 @dataclass
-class _Progress:
+class Run:
+    """Everything one training run holds between steps."""
+
+    config: object  # DrafterTrainConfig or HeadTrainConfig
+    target: object  # TargetModel
+    drafter: BlockDrafter
+    head: torch.nn.Module | None
+    train_drafter: bool
+    head_weight: float
+    train_set: list[Sample]
+    eval_items: list
+    features: object  # FeatureCache or TargetFeatures
+    trained: list[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    run_dir: RunDir
+    weights: torch.Tensor  # [slots] loss weight per slot
+    loss_vocab: LossVocab
+    full_vocab: LossVocab
+    anchor_rule: AnchorRule
+    total_steps: int
     step: int = 0
     tokens: int = 0
+    started: float = 0.0
+    last_eval: dict | None = None  # the latest held-out metrics, stored with snapshots
+
+    @property
+    def block_size(self) -> int:
+        return self.drafter.config.block_size
 
 
 def run_training(config, target, samples, progress_bar: bool, head_setup: HeadSetup | None):
-    started = datetime.now(UTC).isoformat()
+    """Train (or resume) as `config` says; returns the held-out metrics and the artefact path."""
+    run = setup(config, target, samples, head_setup)
+    initial = evaluate(run) if run.step == 0 else None
+    bar = tqdm(total=run.total_steps, initial=run.step, unit="step", disable=not progress_bar)
+    while run.step < run.total_steps:
+        metrics = train_step(run)
+        bar.update(1)
+        bar.set_postfix(loss=f"{metrics['loss']:.3f}", tau=f"{metrics['accept']:.2f}")
+        if run.step % config.eval_every == 0 and run.step < run.total_steps:
+            held = evaluate(run)
+            if held:
+                bar.write(f"step {run.step}: held-out tau {held['accept']:.3f}")
+        if run.step % config.save_every == 0 or run.step == run.total_steps:
+            save_state(run)
+    bar.close()
+    return finish_run(run, initial, evaluate(run))
+
+
+def setup(config, target, samples, head_setup: HeadSetup | None) -> Run:
+    """Load the target, corpus and drafter, build the optimizer and resume from `<out>/ckpt/`."""
     if config.threads > 0:
         torch.set_num_threads(config.threads)
+    from_corpus = samples is None
     if target is None:
         target = load_target(config.target, config.target_dtype, config.device or None)
     if samples is None:
         samples = load_corpus(config.corpus, config.max_records or None, config.max_seq_len)
     drafter = _initial_drafter(config, target)
-    block_size = drafter.config.block_size
     # A response shorter than a block has no full block to train on.
-    samples = [s for s in samples if len(s.response_ids) >= block_size]
+    samples = [s for s in samples if len(s.response_ids) >= drafter.config.block_size]
     train_set, heldout = split_heldout(samples, config.heldout)
     if not train_set:
-        raise DcocoError(f"no training record has a response of >= {block_size} tokens")
+        raise DcocoError(
+            f"no training record has a response of >= {drafter.config.block_size} tokens"
+        )
     torch.manual_seed(config.seed)
     head = head_setup.build(drafter).to(target.device) if head_setup else None
     train_drafter = head_setup is None or head_setup.train_drafter
@@ -80,159 +138,221 @@ def run_training(config, target, samples, progress_bar: bool, head_setup: HeadSe
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: _warmup_cosine(step, warmup, total_steps)
     )
-    run_dir = RunDir(config.out)
-    progress = _resume(run_dir, drafter, head, optimizer, scheduler)
-    features = TargetFeatures(target, drafter.config.target_layer_ids, config.feature_cache)
-    weights = slot_weights(block_size, config.gamma)[1:].to(target.device)  # [slots]
-    loss_vocab = LossVocab.most_frequent(drafter, train_set, config.loss_vocab)
-    full_vocab = LossVocab(drafter, None)
-    eval_generator = torch.Generator().manual_seed(config.seed)
-    eval_items = [
-        prepare_item(s, features, config.anchors_per_seq, block_size, eval_generator)
-        for s in heldout
+    features = open_features(
+        config, target, drafter.config.target_layer_ids, samples if from_corpus else None
+    )
+    rule = AnchorRule(config.anchors_per_seq, config.anchor_stride)
+    run = Run(
+        config=config,
+        target=target,
+        drafter=drafter,
+        head=head,
+        train_drafter=train_drafter,
+        head_weight=head_setup.loss_weight if head_setup and train_drafter else 1.0,
+        train_set=train_set,
+        eval_items=_eval_items(heldout, features, config, drafter.config.block_size, target),
+        features=features,
+        trained=trained,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        run_dir=RunDir(config.out),
+        weights=slot_weights(drafter.config.block_size, config.gamma)[1:].to(target.device),
+        loss_vocab=LossVocab.most_frequent(drafter, train_set, config.loss_vocab),
+        full_vocab=LossVocab(drafter, None),
+        anchor_rule=rule,
+        total_steps=total_steps,
+        started=time.time(),
+    )
+    _resume(run)
+    _log_start(run, len(heldout))
+    return run
+
+
+def _eval_items(heldout, features, config, block_size: int, target) -> list:
+    """The held-out blocks, fixed for the whole run: random anchors from the run's seed."""
+    generator = torch.Generator().manual_seed(config.seed)
+    rule = AnchorRule(config.anchors_per_seq)
+    return [
+        prepare_item(s, features, rule, block_size, generator, 0, target.device) for s in heldout
     ]
-    head_weight = head_setup.loss_weight if head_setup and train_drafter else 1.0
 
-    def step_losses(items, vocab, progress_fraction: float, backward: bool) -> dict:
-        blocks = sum(item.anchors.numel() for item in items)
-        weight_total = blocks * weights.sum().item()  # every block is full
-        totals = {"drafter": 0.0, "head": 0.0}
-        drafter_correct, head_correct = [], []
-        for item in items:
-            for chunk in block_chunks(drafter, item, config.anchor_chunk):
-                out = chunk_losses(
-                    drafter, head, chunk, vocab, weights, progress_fraction, train_drafter
-                )
-                loss = out.drafter_loss if train_drafter else out.drafter_loss.detach()
-                if head is not None:
-                    loss = (loss if train_drafter else 0) + head_weight * out.head_loss
-                    totals["head"] += out.head_loss.item()
-                    head_correct.append(out.head_correct)
-                if backward:
-                    (loss / weight_total).backward()
-                totals["drafter"] += out.drafter_loss.item()
-                drafter_correct.append(out.drafter_correct)
-        slot_acc, accepted = acceptance_stats(torch.cat(drafter_correct))
-        metrics = {
-            "loss": totals["drafter"] / weight_total,
-            "accept": accepted.mean().item(),
-            "slot_acc": [round(a, 4) for a in slot_acc.tolist()],
-            "blocks": blocks,
-        }
-        if head is not None:
-            head_acc, head_accepted = acceptance_stats(torch.cat(head_correct))
-            metrics.update(
-                drafter_loss=metrics["loss"],
-                drafter_accept=metrics["accept"],
-                loss=totals["head"] / weight_total,
-                accept=head_accepted.mean().item(),
-                slot_acc=[round(a, 4) for a in head_acc.tolist()],
-            )
-        return metrics
 
-    def evaluate(step: int) -> dict | None:
-        if not eval_items:
-            return None
-        drafter.eval()
-        if head is not None:
-            head.eval()
-        with torch.no_grad():
-            metrics = step_losses(eval_items, full_vocab, step / total_steps, backward=False)
-        run_dir.log({"event": "eval", "step": step, **metrics})
-        return metrics
-
-    run_dir.log(
-        {
-            "event": "resume" if progress.step else "start",
-            "step": progress.step,
-            "total_steps": total_steps,
-            "train_records": len(train_set),
-            "heldout_records": len(eval_items),
-            "loss_vocab": None if loss_vocab.vocab_ids is None else loss_vocab.vocab_ids.numel(),
-        }
-    )
-    initial = evaluate(0) if progress.step == 0 else None
-    bar = tqdm(total=total_steps, initial=progress.step, unit="step", disable=not progress_bar)
-    while progress.step < total_steps:
-        tick = time.perf_counter()
-        generator = torch.Generator().manual_seed(config.seed * 1_000_003 + progress.step)
-        batch = _batch_at(train_set, progress.step, config.batch_size, config.seed)
-        items = [
-            prepare_item(s, features, config.anchors_per_seq, block_size, generator) for s in batch
-        ]
-        drafter.train(train_drafter)
-        if head is not None:
-            head.train()
-        metrics = step_losses(items, loss_vocab, progress.step / total_steps, backward=True)
-        torch.nn.utils.clip_grad_norm_(trained, config.grad_clip)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        progress.step += 1
-        progress.tokens += sum(s.num_tokens for s in batch)
-        run_dir.log(
-            {
-                "event": "train",
-                "step": progress.step,
-                **{k: v for k, v in metrics.items() if k != "slot_acc"},
-                "lr": scheduler.get_last_lr()[0],
-                "tokens": progress.tokens,
-                "step_s": time.perf_counter() - tick,
-            }
-        )
-        bar.update(1)
-        bar.set_postfix(loss=f"{metrics['loss']:.3f}", tau=f"{metrics['accept']:.2f}")
-        if progress.step % config.eval_every == 0 and progress.step < total_steps:
-            held = evaluate(progress.step)
-            if held:
-                bar.write(f"step {progress.step}: held-out tau {held['accept']:.3f}")
-        if progress.step % config.save_every == 0 or progress.step == total_steps:
-            run_dir.save_checkpoint(
-                {
-                    "model": drafter.state_dict(),
-                    "head": head.state_dict() if head is not None else None,
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
-                    "step": progress.step,
-                    "tokens": progress.tokens,
-                    "rng": torch.get_rng_state(),
-                    "drafter": dataclasses.asdict(drafter.config),
-                }
-            )
-    bar.close()
-
-    final = evaluate(progress.step)
-    extra = {"training": {"steps": progress.step, "heldout": final}}
-    if head is None:
-        artefact = save_drafter(Path(config.out) / "drafter", drafter, target.info, extra=extra)
-    else:
-        artefact = save_with_head(
-            Path(config.out) / head.kind, drafter, head, target.info, extra=extra
-        )
-    record = provenance(
-        config=dataclasses.asdict(config),
-        run_dir=str(Path(config.out).resolve()),
-        drafter_config=dataclasses.asdict(drafter.config),
-        head_config=dataclasses.asdict(head.config) if head is not None else None,
-        target=dataclasses.asdict(target.info),
-        started=started,
-        finished=datetime.now(UTC).isoformat(),
-        steps=progress.step,
-        tokens_seen=progress.tokens,
-        train_records=len(train_set),
-        initial_heldout=initial,
-        final_heldout=final,
-    )
-    (artefact / "provenance.json").write_text(json.dumps(record, indent=2) + "\n")
-    run_dir.log({"event": "done", "step": progress.step})
-    run_dir.close()
+def bigram_baseline(run: Run) -> dict | None:
+    """The count bigram (x_t -> x_{t+k}, counted on the training split) on the held-out blocks:
+    the per-slot accuracy and simulated acceptance a drafter must beat."""
+    if not run.eval_items:
+        return None
+    bigram = CountBigram(run.train_set, run.block_size - 1, run.drafter.config.vocab_size)
+    correct = []
+    for item in run.eval_items:
+        labels = _labels(item, run.block_size)  # [blocks, slots]
+        correct.append(bigram.predict(item.ids[item.anchors]) == labels)
+    correct = torch.cat(correct)
+    slot_acc, accepted = acceptance_stats(correct)
     return {
-        "initial": initial,
-        "final": final,
-        "steps": progress.step,
-        "tokens": progress.tokens,
-        "drafter": str(artefact),
+        "accept": accepted.mean().item(),
+        "tau_3": acceptance_stats(correct[:, :3])[1].mean().item(),
+        "slot_acc": [round(a, 4) for a in slot_acc.tolist()],
     }
+
+
+def _log_start(run: Run, heldout: int) -> None:
+    vocab_ids = run.loss_vocab.vocab_ids
+    run.run_dir.log(
+        {
+            "event": "resume" if run.step else "start",
+            "step": run.step,
+            "total_steps": run.total_steps,
+            "train_records": len(run.train_set),
+            "heldout_records": heldout,
+            "loss_vocab": None if vocab_ids is None else vocab_ids.numel(),
+            "features": type(run.features).__name__,
+        }
+    )
+    baseline = bigram_baseline(run) if run.step == 0 else None
+    if baseline:
+        run.run_dir.log({"event": "baseline", "kind": "count bigram", "step": 0, **baseline})
+
+
+def _autocast(run: Run):
+    """bf16 autocast around the drafter and head when asked (fp32 master weights)."""
+    if not run.config.autocast:
+        return contextlib.nullcontext()
+    return torch.autocast(run.target.device.type, dtype=torch.bfloat16)
+
+
+def step_losses(run: Run, items, vocab: LossVocab, backward: bool) -> dict:
+    """Losses and acceptance over `items`; with `backward`, their gradients accumulated."""
+    labelled = [vocab.label_index(_labels(item, run.block_size)) != IGNORE for item in items]
+    weight_total = max(
+        sum(float((m.float() @ run.weights).sum()) for m in labelled), 1e-9
+    )  # labels outside a loss vocab carry no weight
+    totals = {"drafter": 0.0, "head": 0.0}
+    drafter_correct, head_correct = [], []
+    progress = run.step / run.total_steps
+    for item in items:
+        chunks = block_chunks(run.drafter, item, run.config.anchor_chunk)
+        while True:
+            # The drafter's forward runs inside next(), so autocast must cover it; the backward
+            # runs outside, as autocast asks.
+            with _autocast(run):
+                chunk = next(chunks, None)
+                if chunk is None:
+                    break
+                out = chunk_losses(
+                    run.drafter, run.head, chunk, vocab, run.weights, progress, run.train_drafter
+                )
+            loss = out.drafter_loss if run.train_drafter else out.drafter_loss.detach()
+            if run.head is not None:
+                loss = (loss if run.train_drafter else 0) + run.head_weight * out.head_loss
+                totals["head"] += out.head_loss.item()
+                head_correct.append(out.head_correct)
+            if backward:
+                (loss / weight_total).backward()
+            totals["drafter"] += out.drafter_loss.item()
+            drafter_correct.append(out.drafter_correct)
+    return _metrics(totals, weight_total, drafter_correct, head_correct, items)
+
+
+def _labels(item, block_size: int) -> torch.Tensor:
+    """[blocks, slots] same-position labels of `item`'s blocks (they are full)."""
+    offsets = torch.arange(1, block_size, device=item.anchors.device)
+    return item.ids[item.anchors[:, None] + offsets]
+
+
+def _metrics(totals, weight_total, drafter_correct, head_correct, items) -> dict:
+    if not drafter_correct:  # every reply of the batch too short for its strided anchors
+        return {"loss": 0.0, "accept": 1.0, "slot_acc": [], "blocks": 0}
+    correct = torch.cat(drafter_correct)  # [blocks, slots]
+    slot_acc, accepted = acceptance_stats(correct)
+    metrics = {
+        "loss": totals["drafter"] / weight_total,
+        "accept": accepted.mean().item(),
+        "tau_3": acceptance_stats(correct[:, :3])[1].mean().item(),
+        "slot_acc": [round(a, 4) for a in slot_acc.tolist()],
+        "blocks": sum(item.anchors.numel() for item in items),
+    }
+    if head_correct:
+        head_all = torch.cat(head_correct)
+        head_acc, head_accepted = acceptance_stats(head_all)
+        metrics.update(
+            drafter_loss=metrics["loss"],
+            drafter_accept=metrics["accept"],
+            loss=totals["head"] / weight_total,
+            accept=head_accepted.mean().item(),
+            tau_3=acceptance_stats(head_all[:, :3])[1].mean().item(),
+            slot_acc=[round(a, 4) for a in head_acc.tolist()],
+        )
+    return metrics
+
+
+def train_step(run: Run) -> dict:
+    """One optimizer step on the batch of `run.step`; logs and returns its metrics."""
+    tick = time.perf_counter()
+    config = run.config
+    generator = torch.Generator().manual_seed(config.seed * 1_000_003 + run.step)
+    epoch, batch = _batch_at(run.train_set, run.step, config.batch_size, config.seed)
+    items = [
+        prepare_item(
+            s, run.features, run.anchor_rule, run.block_size, generator, epoch, run.target.device
+        )
+        for s in batch
+    ]
+    run.drafter.train(run.train_drafter)
+    if run.head is not None:
+        run.head.train()
+    metrics = step_losses(run, items, run.loss_vocab, backward=True)
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.trained, config.grad_clip)
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.step += 1
+    run.tokens += sum(s.num_tokens for s in batch)
+    run.run_dir.log(
+        {
+            "event": "train",
+            "step": run.step,
+            "epoch": epoch,
+            **{k: v for k, v in metrics.items() if k != "slot_acc"},
+            "grad_norm": round(grad_norm.item(), 4),
+            "lr": run.scheduler.get_last_lr()[0],
+            "tokens": run.tokens,
+            "step_s": round(time.perf_counter() - tick, 3),
+        }
+    )
+    return metrics
+
+
+def evaluate(run: Run) -> dict | None:
+    """Held-out loss, per-slot accuracy and simulated acceptance over the full vocabulary."""
+    if not run.eval_items:
+        return None
+    run.drafter.eval()
+    if run.head is not None:
+        run.head.eval()
+    with torch.no_grad():
+        metrics = step_losses(run, run.eval_items, run.full_vocab, backward=False)
+    run.run_dir.log({"event": "eval", "step": run.step, **metrics})
+    run.last_eval = {"step": run.step, **metrics}
+    return metrics
+
+
+def save_state(run: Run) -> None:
+    """The resumable checkpoint, and `<out>/snapshot/`: the weights so far as a checkpoint that
+    decoding and `dcoco heldout` load while a long run goes on."""
+    run.run_dir.save_checkpoint(
+        {
+            "model": run.drafter.state_dict(),
+            "head": run.head.state_dict() if run.head is not None else None,
+            "optimizer": run.optimizer.state_dict(),
+            "scheduler": run.scheduler.state_dict(),
+            "step": run.step,
+            "tokens": run.tokens,
+            "rng": torch.get_rng_state(),
+            "drafter": dataclasses.asdict(run.drafter.config),
+        }
+    )
+    save_artefact(run, Path(run.config.out) / SNAPSHOT, run.last_eval)
 
 
 def _initial_drafter(config, target) -> BlockDrafter:
@@ -245,7 +365,10 @@ def _initial_drafter(config, target) -> BlockDrafter:
     )
     check_compatible(drafter_config, target.info)
     torch.manual_seed(config.seed)
-    return BlockDrafter(drafter_config, target.embed_tokens, target.lm_head).to(target.device)
+    drafter = BlockDrafter(drafter_config, target.embed_tokens, target.lm_head)
+    if config.init_from_target:
+        warm_start_from_target(drafter, target)
+    return drafter.to(target.device)
 
 
 def _warmup_cosine(step: int, warmup: int, total: int) -> float:
@@ -254,34 +377,36 @@ def _warmup_cosine(step: int, warmup: int, total: int) -> float:
     return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
 
 
-def _batch_at(samples: list[Sample], step: int, batch_size: int, seed: int) -> list[Sample]:
-    """The sequences of `step`: a fresh permutation of the training split each epoch."""
+def _batch_at(samples: list[Sample], step: int, batch_size: int, seed: int):
+    """(epoch, the sequences of `step`): a fresh permutation of the training split each epoch."""
     per_epoch = math.ceil(len(samples) / batch_size)
     epoch, index = divmod(step, per_epoch)
     order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(seed + epoch))
-    return [samples[i] for i in order[index * batch_size : (index + 1) * batch_size].tolist()]
+    return epoch, [
+        samples[i] for i in order[index * batch_size : (index + 1) * batch_size].tolist()
+    ]
 
 
-def _resume(run_dir: RunDir, drafter, head, optimizer, scheduler) -> _Progress:
+def _resume(run: Run) -> None:
     """Load `<out>/ckpt/` into the fresh objects, if a checkpoint is there."""
-    state = run_dir.load_checkpoint(drafter.fc.weight.device)
+    state = run.run_dir.load_checkpoint(run.drafter.fc.weight.device)
     if state is None:
-        return _Progress()
+        return
     stored = {k: tuple(v) if isinstance(v, list) else v for k, v in state["drafter"].items()}
-    if stored != dataclasses.asdict(drafter.config):
+    if stored != dataclasses.asdict(run.drafter.config):
         raise DcocoError(
-            f"{run_dir.path} holds a checkpoint of another drafter ({stored}); use another --out "
-            "or delete its ckpt/"
+            f"{run.run_dir.path} holds a checkpoint of another drafter ({stored}); use another "
+            "--out or delete its ckpt/"
         )
-    if (state.get("head") is None) != (head is None):
+    if (state.get("head") is None) != (run.head is None):
         raise DcocoError(
-            f"{run_dir.path} holds a checkpoint of another kind of run (with/without a head); "
-            "use another --out or delete its ckpt/"
+            f"{run.run_dir.path} holds a checkpoint of another kind of run (with/without a "
+            "head); use another --out or delete its ckpt/"
         )
-    drafter.load_state_dict(state["model"])
-    if head is not None:
-        head.load_state_dict(state["head"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
+    run.drafter.load_state_dict(state["model"])
+    if run.head is not None:
+        run.head.load_state_dict(state["head"])
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.scheduler.load_state_dict(state["scheduler"])
     torch.set_rng_state(state["rng"])
-    return _Progress(step=state["step"], tokens=state["tokens"])
+    run.step, run.tokens = state["step"], state["tokens"]

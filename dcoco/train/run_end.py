@@ -1,0 +1,60 @@
+"""The end of a training run: the trained artefact, its provenance and the closing log line."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+from dcoco.models.drafter_io import save_drafter
+from dcoco.models.head_io import save_with_head
+from dcoco.train.run_dir import provenance
+
+
+def save_artefact(run, directory: Path, heldout: dict | None) -> Path:
+    """The run's drafter (with its head, if any) as a loadable checkpoint in `directory`."""
+    extra = {"training": {"steps": run.step, "heldout": heldout}}
+    if run.head is None:
+        return save_drafter(directory, run.drafter, run.target.info, extra=extra)
+    return save_with_head(directory, run.drafter, run.head, run.target.info, extra=extra)
+
+
+def finish_run(run, initial: dict | None, final: dict | None) -> dict:
+    """Save `<out>/drafter/` (or `<out>/<head kind>/`) with its provenance; returns the summary
+    `train()` hands back."""
+    config, head = run.config, run.head
+    extra = {"training": {"steps": run.step, "heldout": final}}
+    if head is None:
+        artefact = save_drafter(
+            Path(config.out) / "drafter", run.drafter, run.target.info, extra=extra
+        )
+    else:
+        artefact = save_with_head(
+            Path(config.out) / head.kind, run.drafter, head, run.target.info, extra=extra
+        )
+    record = provenance(
+        config=dataclasses.asdict(config),
+        run_dir=str(Path(config.out).resolve()),
+        drafter_config=dataclasses.asdict(run.drafter.config),
+        head_config=dataclasses.asdict(head.config) if head is not None else None,
+        target=dataclasses.asdict(run.target.info),
+        features=type(run.features).__name__,
+        started=datetime.fromtimestamp(run.started, UTC).isoformat(),
+        finished=datetime.now(UTC).isoformat(),
+        steps=run.step,
+        tokens_seen=run.tokens,
+        train_records=len(run.train_set),
+        initial_heldout=initial,
+        final_heldout=final,
+    )
+    (artefact / "provenance.json").write_text(json.dumps(record, indent=2) + "\n")
+    run.run_dir.log({"event": "done", "step": run.step})
+    run.run_dir.close()
+    return {
+        "initial": initial,
+        "final": final,
+        "steps": run.step,
+        "tokens": run.tokens,
+        "drafter": str(artefact),
+    }
