@@ -77,6 +77,7 @@ def test_snapshot_and_curves_report_the_run(tiny_llama_target, tmp_path):
     config = tiny_config(out, max_steps=20, save_every=10, eval_every=10, anchor_stride=2)
     train(config, target=tiny_llama_target, samples=cyclic_corpus(), progress_bar=False)
     snapshot = load_drafter(out / "snapshot", tiny_llama_target)  # saved with the step-20 state
+    assert json.loads((out / "snapshot" / "provenance.json").read_text())["steps"] == 20
     final = load_drafter(out / "drafter", tiny_llama_target)
     for name, weight in final.state_dict().items():
         torch.testing.assert_close(snapshot.state_dict()[name], weight)

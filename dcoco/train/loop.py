@@ -41,7 +41,7 @@ from dcoco.train.block_pass import (
 from dcoco.train.blocks import acceptance_stats, slot_weights
 from dcoco.train.feature_cache import open_features
 from dcoco.train.run_dir import RunDir
-from dcoco.train.run_end import finish_run, save_artefact
+from dcoco.train.run_end import finish_run, save_artefact, write_provenance
 from dcoco.train.warm_start import warm_start_from_target
 
 SNAPSHOT = "snapshot"  # <out>/snapshot/: the latest saved weights as a loadable checkpoint
@@ -81,6 +81,7 @@ class Run:
     step: int = 0
     tokens: int = 0
     started: float = 0.0
+    initial_eval: dict | None = None  # held-out metrics before the first step
     last_eval: dict | None = None  # the latest held-out metrics, stored with snapshots
 
     @property
@@ -92,6 +93,7 @@ def run_training(config, target, samples, progress_bar: bool, head_setup: HeadSe
     """Train (or resume) as `config` says; returns the held-out metrics and the artefact path."""
     run = setup(config, target, samples, head_setup)
     initial = evaluate(run) if run.step == 0 else None
+    run.initial_eval = initial
     bar = tqdm(total=run.total_steps, initial=run.step, unit="step", disable=not progress_bar)
     while run.step < run.total_steps:
         metrics = train_step(run)
@@ -352,7 +354,8 @@ def save_state(run: Run) -> None:
             "drafter": dataclasses.asdict(run.drafter.config),
         }
     )
-    save_artefact(run, Path(run.config.out) / SNAPSHOT, run.last_eval)
+    snapshot = save_artefact(run, Path(run.config.out) / SNAPSHOT, run.last_eval)
+    write_provenance(run, snapshot, run.initial_eval, run.last_eval)
 
 
 def _initial_drafter(config, target) -> BlockDrafter:

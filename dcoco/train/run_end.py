@@ -20,19 +20,9 @@ def save_artefact(run, directory: Path, heldout: dict | None) -> Path:
     return save_with_head(directory, run.drafter, run.head, run.target.info, extra=extra)
 
 
-def finish_run(run, initial: dict | None, final: dict | None) -> dict:
-    """Save `<out>/drafter/` (or `<out>/<head kind>/`) with its provenance; returns the summary
-    `train()` hands back."""
+def write_provenance(run, artefact: Path, initial: dict | None, final: dict | None) -> None:
+    """`<artefact>/provenance.json`: the config, data, budget and held-out metrics so far."""
     config, head = run.config, run.head
-    extra = {"training": {"steps": run.step, "heldout": final}}
-    if head is None:
-        artefact = save_drafter(
-            Path(config.out) / "drafter", run.drafter, run.target.info, extra=extra
-        )
-    else:
-        artefact = save_with_head(
-            Path(config.out) / head.kind, run.drafter, head, run.target.info, extra=extra
-        )
     record = provenance(
         config=dataclasses.asdict(config),
         run_dir=str(Path(config.out).resolve()),
@@ -43,12 +33,21 @@ def finish_run(run, initial: dict | None, final: dict | None) -> dict:
         started=datetime.fromtimestamp(run.started, UTC).isoformat(),
         finished=datetime.now(UTC).isoformat(),
         steps=run.step,
+        total_steps=run.total_steps,
         tokens_seen=run.tokens,
         train_records=len(run.train_set),
         initial_heldout=initial,
         final_heldout=final,
     )
     (artefact / "provenance.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+def finish_run(run, initial: dict | None, final: dict | None) -> dict:
+    """Save `<out>/drafter/` (or `<out>/<head kind>/`) with its provenance; returns the summary
+    `train()` hands back."""
+    name = "drafter" if run.head is None else run.head.kind
+    artefact = save_artefact(run, Path(run.config.out) / name, final)
+    write_provenance(run, artefact, initial, final)
     run.run_dir.log({"event": "done", "step": run.step})
     run.run_dir.close()
     return {
