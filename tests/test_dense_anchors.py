@@ -65,3 +65,24 @@ def test_overlapping_blocks_see_neither_each_other_nor_their_anchor_feature(setu
         for i in range(len(anchors)):
             same = torch.allclose(moved[:, i], base[:, i], atol=1e-6)
             assert same == (i != j), (i, j)
+
+
+def test_context_window_shows_only_the_last_positions_before_the_anchor():
+    from dcoco.train.blocks import block_attention_mask
+
+    mask = block_attention_mask(torch.tensor([[5, 9]]), seq_len=10, block_size=2, window=3)
+    rows = mask[0, 0].int().tolist()
+    assert rows[0][:10] == [0, 0, 1, 1, 1, 0, 0, 0, 0, 0]  # 2, 3, 4: the 3 before anchor 5
+    assert rows[2][:10] == [0, 0, 0, 0, 0, 0, 1, 1, 1, 0]  # 6, 7, 8 before anchor 9
+    full = block_attention_mask(torch.tensor([[5, 9]]), seq_len=10, block_size=2)
+    assert full[0, 0, 0, :10].sum() == 5 and full[0, 0, 2, :10].sum() == 9
+
+
+def test_the_curriculum_window_doubles_then_covers_everything():
+    from types import SimpleNamespace
+
+    from dcoco.train.loop import context_window
+
+    config = SimpleNamespace(context_window=16, window_doubling_steps=10, max_seq_len=100)
+    assert [context_window(config, s) for s in (0, 9, 10, 25, 30)] == [16, 16, 32, 64, 0]
+    assert context_window(SimpleNamespace(context_window=0), 5) == 0

@@ -119,8 +119,11 @@ class BlockChunk:
     label_ids: Tensor  # [blocks, slots]: same-position labels (blocks are full: none ignored)
 
 
-def block_chunks(drafter: BlockDrafter, item: Item, chunk: int) -> Iterator[BlockChunk]:
-    """The drafter's pass over `item`'s blocks, `chunk` blocks per forward."""
+def block_chunks(
+    drafter: BlockDrafter, item: Item, chunk: int, window: int = 0
+) -> Iterator[BlockChunk]:
+    """The drafter's pass over `item`'s blocks, `chunk` blocks per forward; `window` > 0 shows
+    each block only its last `window` context positions (a training curriculum)."""
     block_size = drafter.config.block_size
     ids = item.ids[None]  # [1, tokens]
     context_positions = torch.arange(ids.shape[1], device=ids.device)[None]
@@ -129,7 +132,7 @@ def block_chunks(drafter: BlockDrafter, item: Item, chunk: int) -> Iterator[Bloc
         block_ids, positions, labels = block_inputs_and_labels(
             ids, anchors, block_size, drafter.config.mask_token_id
         )
-        mask = block_attention_mask(anchors, ids.shape[1], block_size)
+        mask = block_attention_mask(anchors, ids.shape[1], block_size, window=window)
         hidden = drafter(
             drafter.embed(block_ids), item.features, context_positions, positions, mask
         )

@@ -78,16 +78,20 @@ def block_attention_mask(
     seq_len: int,
     block_size: int,
     context_valid: Tensor | None = None,  # [batch, tokens] bool, False on padding
+    window: int = 0,
 ) -> Tensor:
     """Bool mask [batch, 1, n * block, tokens + n * block] (True = may attend).
 
     A query of block j sees context key i iff i < anchor_j (strictly), every key of its own block,
-    and nothing of any other block.
+    and nothing of any other block. With `window` > 0 it sees only the last `window` context
+    positions (anchor_j - window <= i), a training curriculum; inference sees all of them.
     """
     batch, num_blocks = anchors.shape
     device = anchors.device
     keys = torch.arange(seq_len, device=device)
     sees_context = keys[None, None, :] < anchors[..., None]  # [batch, n, tokens]
+    if window > 0:
+        sees_context = sees_context & (keys[None, None, :] >= anchors[..., None] - window)
     if context_valid is not None:
         sees_context = sees_context & context_valid[:, None, :]
     sees_context = sees_context.repeat_interleave(block_size, dim=1)  # [batch, n*block, tokens]

@@ -38,6 +38,8 @@ class DrafterTrainConfig:
     batch_size: int = 4
     anchors_per_seq: int = 32
     anchor_stride: int = 0
+    context_window: int = 0
+    window_doubling_steps: int = 500
     max_seq_len: int = 1024
     max_records: int = 0
     seed: int = 0
@@ -62,6 +64,7 @@ class DrafterTrainConfig:
             "eval_every",
             "save_every",
             "anchor_chunk",
+            "window_doubling_steps",
         ]
         bad = [name for name in positive if getattr(self, name) < 1]
         if bad or self.block_size < 2 or self.gamma <= 0 or self.lr <= 0:
@@ -95,6 +98,10 @@ HELPS = {
     "always use this rule)",
     "anchor_stride": "dense anchors: every N-th reply position is an anchor, shifted by one each "
     "epoch so every position serves once per N epochs; 0 = --anchors-per-seq random anchors",
+    "context_window": "curriculum: training blocks first see only their last N context positions, "
+    "so the attention finds the anchor's neighbourhood before the whole context dilutes it; 0 = "
+    "the whole context from the start (evaluation and decoding always see all of it)",
+    "window_doubling_steps": "steps after which the curriculum's context window doubles",
     "max_seq_len": "cut sequences (prompt + response) to this many tokens",
     "max_records": "read at most this many corpus records; 0 = all",
     "target_dtype": "frozen target dtype (fp32, bf16, fp16); CPUs without AVX512-BF16/AMX run bf16 "

@@ -223,8 +223,19 @@ def _autocast(run: Run):
     return torch.autocast(run.target.device.type, dtype=torch.bfloat16)
 
 
+def context_window(config, step: int) -> int:
+    """The curriculum's context window at `step`: `--context-window` positions, doubling every
+    `--window-doubling-steps` steps; 0 (all of the context) once it is past any sequence."""
+    if config.context_window <= 0:
+        return 0
+    window = config.context_window * 2 ** (step // config.window_doubling_steps)
+    return 0 if window >= config.max_seq_len else window
+
+
 def step_losses(run: Run, items, vocab: LossVocab, backward: bool) -> dict:
-    """Losses and acceptance over `items`; with `backward`, their gradients accumulated."""
+    """Losses and acceptance over `items`; with `backward`, their gradients accumulated (under
+    the context-window curriculum; evaluation sees the whole context, as inference does)."""
+    window = context_window(run.config, run.step) if backward else 0
     labelled = [vocab.label_index(_labels(item, run.block_size)) != IGNORE for item in items]
     weight_total = max(
         sum(float((m.float() @ run.weights).sum()) for m in labelled), 1e-9
@@ -233,7 +244,7 @@ def step_losses(run: Run, items, vocab: LossVocab, backward: bool) -> dict:
     drafter_correct, head_correct = [], []
     progress = run.step / run.total_steps
     for item in items:
-        chunks = block_chunks(run.drafter, item, run.config.anchor_chunk)
+        chunks = block_chunks(run.drafter, item, run.config.anchor_chunk, window)
         while True:
             # The drafter's forward runs inside next(), so autocast must cover it; the backward
             # runs outside, as autocast asks.
@@ -317,6 +328,7 @@ def train_step(run: Run) -> dict:
             "epoch": epoch,
             **{k: v for k, v in metrics.items() if k != "slot_acc"},
             "grad_norm": round(grad_norm.item(), 4),
+            "context_window": context_window(config, run.step - 1),
             "lr": run.scheduler.get_last_lr()[0],
             "tokens": run.tokens,
             "step_s": round(time.perf_counter() - tick, 3),
