@@ -81,7 +81,7 @@ def test_context_window_shows_only_the_last_positions_before_the_anchor():
 def test_the_curriculum_window_doubles_then_covers_everything():
     from types import SimpleNamespace
 
-    from dcoco.train.loop import context_window
+    from dcoco.train.step import context_window
 
     config = SimpleNamespace(context_window=16, window_doubling_steps=10, max_seq_len=100)
     assert [context_window(config, s) for s in (0, 9, 10, 25, 30)] == [16, 16, 32, 64, 0]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dcoco.data.distill import Sample
-from dcoco.train import loop
+from dcoco.train import loop, step
 from dcoco.train.block_pass import AnchorRule, prepare_item
 from dcoco.train.drafter_train import train
 from tests.test_drafter_train import cyclic_corpus, tiny_config
@@ -62,8 +62,8 @@ def test_slots_outside_the_loss_vocab_do_not_dilute_the_loss(tiny_llama_target, 
         generator = torch.Generator().manual_seed(0)  # the same anchors in both calls
         return prepare_item(sample, run.features, AnchorRule(8), 4, generator, 0, "cpu")
 
-    alone = loop.step_losses(run, [item(common[0])], run.loss_vocab, backward=False)
-    mixed = loop.step_losses(run, [item(common[0]), item(rare)], run.loss_vocab, backward=False)
+    alone = step.step_losses(run, [item(common[0])], run.loss_vocab, backward=False)
+    mixed = step.step_losses(run, [item(common[0]), item(rare)], run.loss_vocab, backward=False)
     assert mixed["loss"] == pytest.approx(alone["loss"], rel=1e-6)
     assert mixed["blocks"] > alone["blocks"]
 

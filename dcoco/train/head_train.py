@@ -22,7 +22,8 @@ from dcoco.data.distill import Sample
 from dcoco.errors import DcocoError
 from dcoco.models.head_registry import build_head, head_classes, head_kinds
 from dcoco.train.drafter_train import HELPS, DrafterTrainConfig, with_target_defaults
-from dcoco.train.loop import HeadSetup, run_training
+from dcoco.train.loop import run_training
+from dcoco.train.run_state import HeadSetup
 
 MODES = ("joint", "dropin")
 # Head sizes whose flag value 0 means "the head's own default" (its width differs per head kind).

@@ -13,80 +13,33 @@ continues exactly where it stopped.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from dcoco.data.bigram import CountBigram
 from dcoco.data.distill import Sample, load_corpus, split_heldout
 from dcoco.errors import DcocoError
 from dcoco.models.drafter import BlockDrafter, DrafterConfig, check_compatible
 from dcoco.models.drafter_io import load_drafter
 from dcoco.models.loading import load_target
 from dcoco.train.block_pass import (
-    IGNORE,
     AnchorRule,
     LossVocab,
-    block_chunks,
-    chunk_losses,
     prepare_item,
 )
-from dcoco.train.blocks import acceptance_stats, slot_weights
+from dcoco.train.blocks import slot_weights
 from dcoco.train.feature_cache import open_features
 from dcoco.train.run_dir import RunDir
 from dcoco.train.run_end import finish_run, save_artefact, write_provenance
+from dcoco.train.run_state import HeadSetup, Run
+from dcoco.train.step import bigram_baseline, context_window, evaluate, step_losses
 from dcoco.train.warm_start import warm_start_from_target
 
 SNAPSHOT = "snapshot"  # <out>/snapshot/: the latest saved weights as a loadable checkpoint
-
-
-@dataclass
-class HeadSetup:
-    """What a head run adds: how to build the head, and whether the drafter trains too."""
-
-    build: Callable[[BlockDrafter], torch.nn.Module]  # drafter -> fresh head (zero output)
-    train_drafter: bool  # True: joint; False: drop-in over a frozen drafter
-    loss_weight: float = 1.0  # the head's loss relative to the drafter's (joint only)
-
-
-@dataclass
-class Run:
-    """Everything one training run holds between steps."""
-
-    config: object  # DrafterTrainConfig or HeadTrainConfig
-    target: object  # TargetModel
-    drafter: BlockDrafter
-    head: torch.nn.Module | None
-    train_drafter: bool
-    head_weight: float
-    train_set: list[Sample]
-    eval_items: list
-    features: object  # FeatureCache or TargetFeatures
-    trained: list[torch.nn.Parameter]
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LambdaLR
-    run_dir: RunDir
-    weights: torch.Tensor  # [slots] loss weight per slot
-    loss_vocab: LossVocab
-    full_vocab: LossVocab
-    anchor_rule: AnchorRule
-    total_steps: int
-    step: int = 0
-    tokens: int = 0
-    started: float = 0.0
-    initial_eval: dict | None = None  # held-out metrics before the first step
-    last_eval: dict | None = None  # the latest held-out metrics, stored with snapshots
-
-    @property
-    def block_size(self) -> int:
-        return self.drafter.config.block_size
 
 
 def run_training(config, target, samples, progress_bar: bool, head_setup: HeadSetup | None):
@@ -179,25 +132,6 @@ def _eval_items(heldout, features, config, block_size: int, target) -> list:
     ]
 
 
-def bigram_baseline(run: Run) -> dict | None:
-    """The count bigram (x_t -> x_{t+k}, counted on the training split) on the held-out blocks:
-    the per-slot accuracy and simulated acceptance a drafter must beat."""
-    if not run.eval_items:
-        return None
-    bigram = CountBigram(run.train_set, run.block_size - 1, run.drafter.config.vocab_size)
-    correct = []
-    for item in run.eval_items:
-        labels = _labels(item, run.block_size)  # [blocks, slots]
-        correct.append(bigram.predict(item.ids[item.anchors]) == labels)
-    correct = torch.cat(correct)
-    slot_acc, accepted = acceptance_stats(correct)
-    return {
-        "accept": accepted.mean().item(),
-        "tau_3": acceptance_stats(correct[:, :3])[1].mean().item(),
-        "slot_acc": [round(a, 4) for a in slot_acc.tolist()],
-    }
-
-
 def _log_start(run: Run, heldout: int) -> None:
     vocab_ids = run.loss_vocab.vocab_ids
     run.run_dir.log(
@@ -214,89 +148,6 @@ def _log_start(run: Run, heldout: int) -> None:
     baseline = bigram_baseline(run) if run.step == 0 else None
     if baseline:
         run.run_dir.log({"event": "baseline", "kind": "count bigram", "step": 0, **baseline})
-
-
-def _autocast(run: Run):
-    """bf16 autocast around the drafter and head when asked (fp32 master weights)."""
-    if not run.config.autocast:
-        return contextlib.nullcontext()
-    return torch.autocast(run.target.device.type, dtype=torch.bfloat16)
-
-
-def context_window(config, step: int) -> int:
-    """The curriculum's context window at `step`: `--context-window` positions, doubling every
-    `--window-doubling-steps` steps; 0 (all of the context) once it is past any sequence."""
-    if config.context_window <= 0:
-        return 0
-    window = config.context_window * 2 ** (step // config.window_doubling_steps)
-    return 0 if window >= config.max_seq_len else window
-
-
-def step_losses(run: Run, items, vocab: LossVocab, backward: bool) -> dict:
-    """Losses and acceptance over `items`; with `backward`, their gradients accumulated (under
-    the context-window curriculum; evaluation sees the whole context, as inference does)."""
-    window = context_window(run.config, run.step) if backward else 0
-    labelled = [vocab.label_index(_labels(item, run.block_size)) != IGNORE for item in items]
-    weight_total = max(
-        sum(float((m.float() @ run.weights).sum()) for m in labelled), 1e-9
-    )  # labels outside a loss vocab carry no weight
-    totals = {"drafter": 0.0, "head": 0.0}
-    drafter_correct, head_correct = [], []
-    progress = run.step / run.total_steps
-    for item in items:
-        chunks = block_chunks(run.drafter, item, run.config.anchor_chunk, window)
-        while True:
-            # The drafter's forward runs inside next(), so autocast must cover it; the backward
-            # runs outside, as autocast asks.
-            with _autocast(run):
-                chunk = next(chunks, None)
-                if chunk is None:
-                    break
-                out = chunk_losses(
-                    run.drafter, run.head, chunk, vocab, run.weights, progress, run.train_drafter
-                )
-            loss = out.drafter_loss if run.train_drafter else out.drafter_loss.detach()
-            if run.head is not None:
-                loss = (loss if run.train_drafter else 0) + run.head_weight * out.head_loss
-                totals["head"] += out.head_loss.item()
-                head_correct.append(out.head_correct)
-            if backward:
-                (loss / weight_total).backward()
-            totals["drafter"] += out.drafter_loss.item()
-            drafter_correct.append(out.drafter_correct)
-    return _metrics(totals, weight_total, drafter_correct, head_correct, items)
-
-
-def _labels(item, block_size: int) -> torch.Tensor:
-    """[blocks, slots] same-position labels of `item`'s blocks (they are full)."""
-    offsets = torch.arange(1, block_size, device=item.anchors.device)
-    return item.ids[item.anchors[:, None] + offsets]
-
-
-def _metrics(totals, weight_total, drafter_correct, head_correct, items) -> dict:
-    if not drafter_correct:  # every reply of the batch too short for its strided anchors
-        return {"loss": 0.0, "accept": 1.0, "slot_acc": [], "blocks": 0}
-    correct = torch.cat(drafter_correct)  # [blocks, slots]
-    slot_acc, accepted = acceptance_stats(correct)
-    metrics = {
-        "loss": totals["drafter"] / weight_total,
-        "accept": accepted.mean().item(),
-        "tau_3": acceptance_stats(correct[:, :3])[1].mean().item(),
-        "slot_acc": [round(a, 4) for a in slot_acc.tolist()],
-        "blocks": sum(item.anchors.numel() for item in items),
-    }
-    if head_correct:
-        head_all = torch.cat(head_correct)
-        head_acc, head_accepted = acceptance_stats(head_all)
-        metrics.update(
-            drafter_loss=metrics["loss"],
-            drafter_accept=metrics["accept"],
-            loss=totals["head"] / weight_total,
-            accept=head_accepted.mean().item(),
-            tau_3=acceptance_stats(head_all[:, :3])[1].mean().item(),
-            slot_acc=[round(a, 4) for a in head_acc.tolist()],
-        )
-    return metrics
 
 
 def train_step(run: Run) -> dict:
@@ -334,20 +185,6 @@ def train_step(run: Run) -> dict:
             "step_s": round(time.perf_counter() - tick, 3),
         }
     )
-    return metrics
-
-
-def evaluate(run: Run) -> dict | None:
-    """Held-out loss, per-slot accuracy and simulated acceptance over the full vocabulary."""
-    if not run.eval_items:
-        return None
-    run.drafter.eval()
-    if run.head is not None:
-        run.head.eval()
-    with torch.no_grad():
-        metrics = step_losses(run, run.eval_items, run.full_vocab, backward=False)
-    run.run_dir.log({"event": "eval", "step": run.step, **metrics})
-    run.last_eval = {"step": run.step, **metrics}
     return metrics
 
 
