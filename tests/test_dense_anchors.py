@@ -9,14 +9,9 @@ import torch
 from dcoco.data.distill import Sample
 from dcoco.train.block_pass import AnchorRule
 from dcoco.train.blocks import strided_anchors
+from tests.test_blocks import response_mask
 from tests.test_drafter import BLOCK, training_forward
 from tests.test_drafter import setup as setup  # noqa: F401 (the drafter fixture)
-
-
-def response_mask(prompt: int, response: int) -> torch.Tensor:
-    mask = torch.zeros(prompt + response, dtype=torch.bool)
-    mask[prompt:] = True
-    return mask
 
 
 def test_strided_anchors_cover_every_position_once_per_stride_epochs():
