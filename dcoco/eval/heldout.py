@@ -86,14 +86,14 @@ def measure(
     """Rows for every method of `config`; those in `done` (method -> row) are reused. The count
     bigram's row is counted on `bigram_split`, by default (records read here) the corpus less
     its held-out split; records passed in get it only with a `bigram_split`."""
-    if samples is None and bigram_split is None:
-        bigram_split = _bigram_split(config)
     if config.threads > 0:
         torch.set_num_threads(config.threads)
     methods = [check_method(m) for m in config.methods if m.strip()]
     if not methods:
         raise DcocoError("--methods is empty")
     target = target or load_target(config.target, config.dtype)
+    if samples is None and bigram_split is None:
+        bigram_split = _bigram_split(config, target.info.vocab_size)
     if samples is None and config.bench_run:
         from dcoco.eval.bench_corpus import bench_samples
 
@@ -124,11 +124,18 @@ def measure(
     return {"config": asdict(config), "sequences": len(samples), "methods": rows}
 
 
-def _bigram_split(config: HeldoutConfig) -> list:
-    """The corpus records the bigram may count: all but the held-out split."""
-    train, _ = split_heldout(
-        load_corpus(config.corpus or default_corpus(config.target)), config.records
-    )
+def _bigram_split(config: HeldoutConfig, vocab_size: int) -> list | None:
+    """The corpus records the bigram may count: all but the held-out split; None (no bigram row,
+    said on stderr) when there is no corpus of this target to count on."""
+    corpus = Path(config.corpus or default_corpus(config.target))
+    try:
+        records = load_corpus(corpus)
+    except DcocoError:  # no such directory, or no part files in it
+        records = []
+    if not records or max(max(r.response_ids, default=0) for r in records) >= vocab_size:
+        print(f"dcoco: no count-bigram row: {corpus} is no corpus of this target", file=sys.stderr)
+        return None
+    train, _ = split_heldout(records, config.records)
     return train
 
 
