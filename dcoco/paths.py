@@ -74,11 +74,12 @@ def portable(path: str | Path) -> str:
     text = str(path)
     if not text or not Path(text).is_absolute():
         return text
-    resolved = Path(text).resolve()
-    cache = cache_dir().resolve()
-    if resolved == cache or cache in resolved.parents:
-        return str(Path(CACHE_TOKEN) / resolved.relative_to(cache))
-    return os.path.relpath(resolved, REPO_ROOT)
+    # Normalised but not resolved: a shared/ that is a link beside the checkout stays ../shared.
+    absolute = Path(os.path.abspath(text))
+    cache = Path(os.path.abspath(cache_dir()))
+    if absolute == cache or cache in absolute.parents:
+        return str(Path(CACHE_TOKEN) / absolute.relative_to(cache))
+    return os.path.relpath(absolute, REPO_ROOT)
 
 
 def portable_record(value):
