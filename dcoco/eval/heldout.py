@@ -92,15 +92,19 @@ def measure(
     if not methods:
         raise DcocoError("--methods is empty")
     target = target or load_target(config.target, config.dtype)
-    if samples is None and bigram_split is None:
-        bigram_split = _bigram_split(config, target.info.vocab_size)
-    if samples is None and config.bench_run:
-        from dcoco.eval.bench_corpus import bench_samples
+    if samples is None:
+        train, heldout = _corpus_split(config, target.info.vocab_size)
+        bigram_split = bigram_split if bigram_split is not None else train
+        if config.bench_run:
+            from dcoco.eval.bench_corpus import bench_samples
 
-        samples = bench_samples(config.bench_run, target)
-    elif samples is None:
-        corpus = config.corpus or default_corpus(config.target)
-        _, samples = split_heldout(load_corpus(corpus), config.records)
+            samples = bench_samples(config.bench_run, target)
+        elif heldout is None:
+            raise DcocoError(
+                f"{config.corpus or default_corpus(config.target)} is no corpus of this target"
+            )
+        else:
+            samples = heldout
     rows = {}
     if done and BIGRAM in done:
         bigram_split = None
@@ -124,9 +128,9 @@ def measure(
     return {"config": asdict(config), "sequences": len(samples), "methods": rows}
 
 
-def _bigram_split(config: HeldoutConfig, vocab_size: int) -> list | None:
-    """The corpus records the bigram may count: all but the held-out split; None (no bigram row,
-    said on stderr) when there is no corpus of this target to count on."""
+def _corpus_split(config: HeldoutConfig, vocab_size: int) -> tuple[list | None, list | None]:
+    """(the records the bigram may count, the held-out split) of the target's corpus, read once;
+    (None, None), said on stderr, when there is no corpus of this target (no bigram row)."""
     corpus = Path(config.corpus or default_corpus(config.target))
     try:
         records = load_corpus(corpus)
@@ -134,9 +138,8 @@ def _bigram_split(config: HeldoutConfig, vocab_size: int) -> list | None:
         records = []
     if not records or max(max(r.response_ids, default=0) for r in records) >= vocab_size:
         print(f"dcoco: no count-bigram row: {corpus} is no corpus of this target", file=sys.stderr)
-        return None
-    train, _ = split_heldout(records, config.records)
-    return train
+        return None, None
+    return split_heldout(records, config.records)
 
 
 def _accept(proposer, target, samples, config: HeldoutConfig, bigram=None):
