@@ -245,8 +245,11 @@ class BlockDrafter(nn.Module):
 
     def logits(self, hidden: Tensor) -> Tensor:
         """[batch, tokens, hidden] -> [batch, tokens, vocab] with the target's lm_head."""
-        head = self._shared[1]
-        return head(hidden.to(head.weight.dtype))
+        embed_tokens, head = self._shared
+        # 2-D and contiguous: a strided 3-D input (the slots cut out of a block) sends F.linear
+        # down a batched-matmul path that copies the whole 49k-row weight on every call.
+        rows = hidden.reshape(-1, hidden.shape[-1]).to(embed_tokens.weight.dtype).contiguous()
+        return head(rows).reshape(*hidden.shape[:-1], -1)
 
     def block_ids(self, anchor: Tensor) -> Tensor:
         """[batch] anchor ids -> [batch, block] ids `[anchor, MASK, ..., MASK]`."""
