@@ -15,6 +15,7 @@ from dcoco.errors import DcocoError
 
 # Imported when the parser is built, so `import dcoco.cli` stays light.
 COMMANDS = (
+    "dcoco.eval.profile",
     "dcoco.generate",
     "dcoco.eval.compare",
     "dcoco.eval.bench",

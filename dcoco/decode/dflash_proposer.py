@@ -17,13 +17,21 @@ from dcoco.models.drafter import BlockDrafter
 class DFlashProposer:
     name = "dflash"
 
-    def __init__(self, drafter: BlockDrafter, num_draft_tokens: int | None = None):
+    def __init__(
+        self,
+        drafter: BlockDrafter,
+        num_draft_tokens: int | None = None,
+        acceptance_prior: tuple[float, ...] = (),
+    ):
+        """`acceptance_prior`: the checkpoint's per-slot held-out accuracy, which
+        `--num-draft-tokens auto` starts from (dcoco.decode.draft_length)."""
         slots = drafter.config.block_size - 1
         if num_draft_tokens is not None and not 1 <= num_draft_tokens <= slots:
             raise DcocoError(f"num-draft-tokens must be in 1..{slots} for this drafter")
         self.drafter = drafter
         self.feature_layers = tuple(drafter.config.target_layer_ids)
         self.num_draft_tokens = num_draft_tokens or slots
+        self.acceptance_prior = acceptance_prior
         self.cache = drafter.new_cache()
 
     def start(self, prompt_ids: list[int]) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dcoco.contracts import Proposal, SamplingParams, Verdict
+from dcoco.decode.draft_length import DraftLengthPolicy
 from dcoco.decode.proposers import DraftContext, Proposer, empty_proposal
 from dcoco.decode.sampling import sample_from_logits
 from dcoco.decode.stats import RequestStats
@@ -35,9 +36,17 @@ class GenerationResult:
 
 
 class Engine:
-    def __init__(self, target: TargetModel, proposer: Proposer | None = None):
+    def __init__(
+        self,
+        target: TargetModel,
+        proposer: Proposer | None = None,
+        draft_length: DraftLengthPolicy | None = None,
+    ):
+        """`draft_length`: picks each cycle's number of drafts (`--num-draft-tokens auto`); None
+        lets the proposer draft as many as it is set to."""
         self.target = target
         self.proposer = proposer
+        self.draft_length = draft_length if proposer else None
 
     @property
     def method(self) -> str:
@@ -77,7 +86,8 @@ class Engine:
             max_slots = min(budget - len(new_ids) - 1, target.max_context - tokens.shape[0])
             tick = time.perf_counter()
             proposal = self._propose(tokens, new_features, max_slots)
-            stats.draft_s += _elapsed(tick, device) - proposal.correct_s
+            propose_s = _elapsed(tick, device)
+            stats.draft_s += propose_s - proposal.correct_s
             stats.correct_s += proposal.correct_s
             # taps the proposer did not read this cycle must reach it next cycle
             skipped_features = new_features if proposer is None or max_slots <= 0 else None
@@ -93,7 +103,7 @@ class Engine:
             accepted = int(verdict.num_accepted[0])
             crop_cache(cache, tokens.shape[0] + accepted)
             committed = torch.cat([proposal.draft_tokens[0, :accepted], verdict.next_token])
-            stats.record_cycle(proposal.num_slots, accepted)
+            self._record_cycle(stats, proposal.num_slots, accepted, propose_s)
             finish = self._commit_tokens(committed.tolist(), new_ids, budget, on_tokens)
             tokens = torch.cat([tokens, committed])
             new_features = _pending_features(skipped_features, out.features, accepted)
@@ -105,6 +115,8 @@ class Engine:
     def _propose(self, tokens, new_features, max_slots: int) -> Proposal:
         if self.proposer is None or max_slots <= 0:
             return empty_proposal(tokens.device)
+        if self.draft_length:
+            max_slots = min(max_slots, self.draft_length.choose())
         proposal = self.proposer.propose(DraftContext(tokens, new_features, max_slots))
         if proposal.num_slots > max_slots:
             proposal = Proposal(
@@ -115,6 +127,11 @@ class Engine:
                 correct_s=proposal.correct_s,
             )
         return proposal
+
+    def _record_cycle(self, stats: RequestStats, proposed: int, accepted: int, propose_s: float):
+        stats.record_cycle(proposed, accepted)
+        if self.draft_length:
+            self.draft_length.observe(proposed, accepted, propose_s)
 
     def _commit_tokens(self, ids, new_ids, budget, on_tokens) -> str | None:
         """Append `ids` to the output, stopping at a stop id or the budget; returns why it ended."""

@@ -24,7 +24,7 @@ DRAFTER_METHODS = ("dflash", "dcoco", "dspark", "domino")
 
 @dataclass
 class MethodOptions:
-    num_draft_tokens: int = 0  # 0 = the method's default (pld: 8; drafters: block_size - 1)
+    num_draft_tokens: int = 0  # 0 = the method's most (pld: 8; drafters: block_size - 1)
     drafter: str = ""  # checkpoint dir for drafter methods whose spec names none
     selection: str = "greedy"  # dcoco's selection rule when the spec names none
 
@@ -85,7 +85,7 @@ def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> 
         return PromptLookupProposer(num_draft_tokens=options.num_draft_tokens or 8)
     from dcoco.decode.dflash_proposer import DFlashProposer
     from dcoco.decode.head_proposer import HeadProposer
-    from dcoco.models.drafter_io import load_drafter
+    from dcoco.models.drafter_io import load_drafter, stored_slot_accuracy
     from dcoco.models.head_io import head_kind_of, load_head
 
     path = checkpoint_dir(spec, target, options)
@@ -96,8 +96,9 @@ def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> 
         )
     drafter = load_drafter(path, target)
     num_draft_tokens = options.num_draft_tokens or None
+    prior = stored_slot_accuracy(path)
     if spec.method == "dflash":
-        return DFlashProposer(drafter, num_draft_tokens=num_draft_tokens)
+        return DFlashProposer(drafter, num_draft_tokens=num_draft_tokens, acceptance_prior=prior)
     kind = head_kind_of(path)
     if kind != spec.method:
         raise DcocoError(
@@ -106,4 +107,6 @@ def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> 
         )
     head = load_head(path, target, drafter)
     selection = (spec.selection or options.selection) if spec.method == "dcoco" else None
-    return HeadProposer(drafter, head, num_draft_tokens, name=method, selection=selection)
+    proposer = HeadProposer(drafter, head, num_draft_tokens, name=method, selection=selection)
+    proposer.acceptance_prior = prior
+    return proposer

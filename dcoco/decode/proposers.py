@@ -28,6 +28,8 @@ class DraftContext:
 class Proposer(Protocol):
     name: str
     feature_layers: tuple[int, ...]  # target taps the proposer reads; () for none
+    num_draft_tokens: int  # the most drafts per cycle
+    acceptance_prior: tuple[float, ...]  # per-slot acceptance to start from; () = unknown
 
     def start(self, prompt_ids: list[int]) -> None: ...
 
@@ -48,6 +50,7 @@ class PromptLookupProposer:
 
     name = "pld"
     feature_layers: tuple[int, ...] = ()
+    acceptance_prior: tuple[float, ...] = ()  # depends on the text: learnt while decoding
 
     def __init__(self, num_draft_tokens: int = 8, max_ngram: int = 3, min_ngram: int = 1):
         if num_draft_tokens < 1 or not 1 <= min_ngram <= max_ngram:

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from dcoco.contracts import SamplingParams
+from dcoco.decode.cost_curve import forward_curve
+from dcoco.decode.draft_length import DraftLengthPolicy
 from dcoco.decode.engine import Engine
 from dcoco.decode.methods import MethodOptions, build_proposer
 from dcoco.errors import DcocoError
@@ -20,7 +22,8 @@ class DecodeConfig:
     `generate` and `compare`, a list for `bench`."""
 
     target: str = DEFAULT_TARGET  # embedded name or HF model directory
-    dtype: str = "bf16"  # bf16 | fp32 (fp32 for exactness checks)
+    dtype: str = "bf16"  # bf16 | fp32 (exactness checks) | fp16 | int8 (weight-only: a new target)
+    attention: str = "auto"  # attention kernel: auto (eager for int8, else sdpa) | eager | sdpa
     device: str = ""  # empty = CUDA when present, else CPU
     threads: int = 0  # CPU threads for torch; 0 = torch's default
     max_new_tokens: int = 256  # new tokens per reply, at most
@@ -28,7 +31,7 @@ class DecodeConfig:
     top_k: int = 0  # top-k sampling; 0 = off
     seed: int = 0  # sampling seed
     chat: bool = True  # apply the target's chat template
-    num_draft_tokens: int = 0  # 0 = the method's default
+    num_draft_tokens: str = "auto"  # auto | N: drafts per cycle (auto: best measured tokens/s)
     drafter: str = ""  # drafter checkpoint; empty = the one shipped for the target
     selection: str = "greedy"  # dcoco's selection rule: greedy | global | discounted | top1
 
@@ -36,9 +39,24 @@ class DecodeConfig:
         return SamplingParams(temperature=temperature, top_p=self.top_p, top_k=self.top_k)
 
     def method_options(self) -> MethodOptions:
+        fixed = self.fixed_draft_tokens()
         return MethodOptions(
-            num_draft_tokens=self.num_draft_tokens, drafter=self.drafter, selection=self.selection
+            num_draft_tokens=fixed or 0, drafter=self.drafter, selection=self.selection
         )
+
+    def fixed_draft_tokens(self) -> int | None:
+        """The fixed draft count, or None for auto."""
+        if self.num_draft_tokens == "auto":
+            return None
+        try:
+            count = int(self.num_draft_tokens)
+        except ValueError:
+            count = 0
+        if count < 1:
+            raise DcocoError(
+                f"num-draft-tokens must be 'auto' or a count >= 1, got '{self.num_draft_tokens}'"
+            )
+        return count
 
 
 def open_target(config: DecodeConfig) -> TargetModel:
@@ -47,8 +65,15 @@ def open_target(config: DecodeConfig) -> TargetModel:
         raise DcocoError(f"max-new-tokens must be > 0, got {config.max_new_tokens}")
     if config.threads > 0:
         torch.set_num_threads(config.threads)
-    return load_target(config.target, dtype=config.dtype, device=config.device or None)
+    return load_target(
+        config.target, dtype=config.dtype, device=config.device or None, attention=config.attention
+    )
 
 
 def make_engine(target: TargetModel, method: str, config: DecodeConfig) -> Engine:
-    return Engine(target, build_proposer(method, target, config.method_options()))
+    proposer = build_proposer(method, target, config.method_options())
+    if proposer is None or config.fixed_draft_tokens() is not None:
+        return Engine(target, proposer)
+    curve = forward_curve(target, max_tokens=proposer.num_draft_tokens + 1)
+    policy = DraftLengthPolicy(curve, proposer.num_draft_tokens, proposer.acceptance_prior)
+    return Engine(target, proposer, policy)

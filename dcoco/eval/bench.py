@@ -250,7 +250,8 @@ def _write_config(run_dir: Path, config: BenchConfig, target: TargetModel) -> No
     session = provenance(
         started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         target=target.name,
-        dtype=str(target.dtype).removeprefix("torch."),
+        dtype=target.precision,
+        attention=target.attention,
         device=str(target.device),
         gpu=torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else None,
         cpu=_cpu_model(),

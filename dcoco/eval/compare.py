@@ -97,10 +97,14 @@ def run(config: CompareConfig) -> int:
 
     summary = summarize(records, baseline=methods[0])
     print(
-        f"target {config.target} | dtype {config.dtype} | T={config.temperature} | "
-        f"max new tokens {config.max_new_tokens}"
+        f"target {config.target} | precision {target.precision} ({target.attention} attention) | "
+        f"T={config.temperature} | max new tokens {config.max_new_tokens} | "
+        f"drafts per cycle {config.num_draft_tokens}"
     )
     print("\n".join(overall_table(summary, temperature_key(config.temperature))))
+    for method, engine in engines.items():
+        if engine.draft_length:
+            print(f"{method}: {engine.draft_length.describe()}")
     if config.output:
         config_record = portable_record(asdict(config))
         output = {"config": config_record, "summary": summary, "records": records}

@@ -30,6 +30,7 @@ HEAD_ARCHITECTURES = {
 HEAD_PREFIX = "head."
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+TRAIN_LOG_FILE = "train_log.jsonl"  # shipped beside the weights; written by the trainers
 
 
 def config_to_hf(config: DrafterConfig, target_info, extra: dict | None = None) -> dict:
@@ -177,3 +178,20 @@ def load_drafter(path: str | Path, target, dtype: torch.dtype | None = None) -> 
     drafter = BlockDrafter(config, target.embed_tokens, target.lm_head)
     load_weights_strict(drafter, weights, path / WEIGHTS_FILE)
     return drafter.to(device=target.device, dtype=dtype or target.dtype).eval()
+
+
+def stored_slot_accuracy(path: str | Path) -> tuple[float, ...]:
+    """Per-slot held-out accuracy from the last eval in the checkpoint's training log; () when it
+    has none (the `--num-draft-tokens auto` prior, see dcoco.decode.draft_length)."""
+    log = Path(path) / TRAIN_LOG_FILE
+    if not log.is_file():
+        return ()
+    accuracy: tuple[float, ...] = ()
+    for line in log.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a torn last line of a log still being written
+        if record.get("event") == "eval" and record.get("slot_acc"):
+            accuracy = tuple(float(a) for a in record["slot_acc"])
+    return accuracy

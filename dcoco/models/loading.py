@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from dcoco.errors import DcocoError
+from dcoco.models.precision import load_dtype, quantise_int8_weights, resolve_attention
 from dcoco.models.target import TargetModel
 from dcoco.paths import cache_dir
 
@@ -46,17 +47,9 @@ EMBEDDED_TARGETS = {
 }
 DEFAULT_TARGET = "smollm2-135m-instruct"
 
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
-
 
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def resolve_dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise DcocoError(f"unknown dtype '{name}': choose one of {', '.join(DTYPES)}")
-    return DTYPES[name]
 
 
 def resolve_target(spec: str) -> Path:
@@ -73,8 +66,14 @@ def resolve_target(spec: str) -> Path:
     )
 
 
-def load_target(spec: str = DEFAULT_TARGET, dtype: str = "bf16", device: str | None = None):
-    """Load `spec` as a TargetModel on `device` (CUDA when present, else CPU).
+def load_target(
+    spec: str = DEFAULT_TARGET,
+    dtype: str = "bf16",
+    device: str | None = None,
+    attention: str = "auto",
+):
+    """Load `spec` as a TargetModel on `device` (CUDA when present, else CPU), at precision
+    `dtype` (dcoco.models.precision: bf16 | fp32 | fp16 | int8) with the `attention` kernel.
 
     bf16 is the decoding default: a batch-1 step is memory-bound, and bf16 halves the bytes even
     where matmuls are emulated (AVX2 CPUs), while fp32 is the dtype for exactness checks. Training,
@@ -85,15 +84,21 @@ def load_target(spec: str = DEFAULT_TARGET, dtype: str = "bf16", device: str | N
 
     hf_logging.disable_progress_bar()  # a per-tensor bar on every load is noise in the CLI
     torch_device = torch.device(device) if device else default_device()
-    torch_dtype = resolve_dtype(dtype)
+    torch_dtype = load_dtype(dtype)
+    kernel = resolve_attention(attention, dtype)
     path = resolve_target(spec)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch_dtype, attn_implementation=kernel
+        )
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as error:
         raise DcocoError(f"could not load target from {path}: {error}") from error
+    model = model.to(torch_device)
+    if dtype == "int8":
+        quantise_int8_weights(model)
     name = spec if spec in EMBEDDED_TARGETS else path.name
-    return TargetModel(model.to(torch_device), tokenizer, name=name)
+    return TargetModel(model, tokenizer, name=name, precision=dtype, attention=kernel)
 
 
 def _find_gguf(embedded: EmbeddedTarget) -> Path:

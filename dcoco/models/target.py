@@ -33,12 +33,23 @@ class TargetInfo:
 class TargetModel:
     """A Hugging Face causal LM seen through the interface the engine and the trainers need."""
 
-    def __init__(self, model: PreTrainedModel, tokenizer=None, name: str = "target"):
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer=None,
+        name: str = "target",
+        precision: str = "",
+        attention: str = "",
+    ):
+        """`precision` and `attention` name how the forward runs (dcoco.models.precision); by
+        default the model's own dtype and attention implementation."""
         self.model = model.eval()
         self.model.requires_grad_(False)
         self.tokenizer = tokenizer
         self.config = model.config
         self.name = name
+        self.precision = precision or _dtype_name(model.dtype)
+        self.attention = attention or str(getattr(model.config, "_attn_implementation", ""))
         self.layers: nn.ModuleList = model.model.layers
         self.embed_tokens: nn.Embedding = model.get_input_embeddings()
         self.lm_head: nn.Linear = model.get_output_embeddings()
@@ -153,6 +164,12 @@ class TargetModel:
 
     def info_dims(self) -> tuple[int, int, int]:
         return (self.embed_tokens.weight.shape[0], self.config.hidden_size, len(self.layers))
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}.get(
+        dtype, str(dtype).removeprefix("torch.")
+    )
 
 
 def _capture_into(store: dict[int, Tensor], layer: int):

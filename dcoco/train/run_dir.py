@@ -14,9 +14,10 @@ import torch
 
 import dcoco
 from dcoco.errors import DcocoError
+from dcoco.models.drafter_io import TRAIN_LOG_FILE
 from dcoco.paths import REPO_ROOT, portable_record
 
-LOG_FILE = "train_log.jsonl"
+LOG_FILE = TRAIN_LOG_FILE
 CKPT_FILE = Path("ckpt") / "state.pt"
 
 

@@ -1,0 +1,127 @@
+"""The target's forward-cost curve: median milliseconds to run n = 1..N tokens over a cached
+context, measured on the machine it is used on and cached per machine and setting.
+
+Speculation pays only when verifying k drafts costs about one decoding step, and where that holds
+depends on the CPU (AVX2 vs AVX-512 with bf16), the precision, the attention kernel and the thread
+count. So nothing here is assumed: `--num-draft-tokens auto` and `dcoco profile` read this curve.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from dcoco.models.cache import crop_cache
+from dcoco.models.target import TargetModel
+from dcoco.paths import cache_dir
+
+CONTEXT = 300  # tokens already in the cache when a step is timed (a mid-length chat reply)
+CURVE_TOKENS = 16  # the least a curve covers, so one measurement serves every draft length
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    setting: str  # what was timed, e.g. "bf16 eager cpu 2 threads"
+    forward_ms: dict[int, float]  # tokens in one forward -> median ms
+
+    def ms(self, tokens: int) -> float:
+        """The cost of `tokens`; beyond the measured range, the last point grown linearly."""
+        last = max(self.forward_ms)
+        if tokens <= last:
+            return self.forward_ms[tokens]
+        return self.forward_ms[last] * tokens / last
+
+
+def setting_name(target: TargetModel) -> str:
+    device = target.device
+    threads = torch.get_num_threads()
+    where = f"cpu {threads} threads" if device.type == "cpu" else str(device)
+    return f"{target.precision} {target.attention} {where}"
+
+
+def measure_forward(target: TargetModel, max_tokens: int = 16, repeats: int = 7) -> CostCurve:
+    """Time the target's forward over 1..max_tokens tokens after a CONTEXT-token prefill."""
+    context = max(1, min(CONTEXT, target.max_context - max_tokens - 1))
+    generator = torch.Generator().manual_seed(0)
+    vocab = target.info.vocab_size
+    ids = torch.randint(0, vocab, (1, context + max_tokens), generator=generator)
+    ids = ids.to(target.device)
+    cache = target.new_cache()
+    target.forward(ids[:, :context], cache, last_logits_only=True)
+    curve = {}
+    for tokens in range(1, max_tokens + 1):
+        block = ids[:, context : context + tokens]
+        times = []
+        for _ in range(repeats + 1):  # the first run warms this shape up and is dropped
+            start = time.perf_counter()
+            target.forward(block, cache)
+            _sync(target.device)
+            times.append(time.perf_counter() - start)
+            crop_cache(cache, context)
+        times = sorted(times[1:])
+        curve[tokens] = round(times[len(times) // 2] * 1000, 2)
+    return CostCurve(setting_name(target), curve)
+
+
+def forward_curve(target: TargetModel, max_tokens: int = 16, refresh: bool = False) -> CostCurve:
+    """The cached curve for this machine and setting, measured (a few seconds) when missing."""
+    max_tokens = max(max_tokens, CURVE_TOKENS)
+    path = _curve_path(target, max_tokens)
+    if path.is_file() and not refresh:
+        try:
+            record = json.loads(path.read_text())
+            points = {int(k): float(v) for k, v in record["forward_ms"].items()}
+            return CostCurve(record["setting"], points)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            print(f"dcoco: cost curve {path} is unreadable; measuring it again", file=sys.stderr)
+    print(f"dcoco: timing the target's forward for 1..{max_tokens} tokens once", file=sys.stderr)
+    curve = measure_forward(target, max_tokens)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(".partial")
+    staging.write_text(json.dumps(asdict(curve), indent=1))
+    staging.replace(path)
+    return curve
+
+
+def machine_fingerprint() -> dict[str, str]:
+    """What the curve depends on besides the target: CPU model and ISA, threads, torch."""
+    cpu = platform.processor()
+    flags = ""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        lines = cpuinfo.read_text().splitlines()
+        cpu = next((line.split(":", 1)[1].strip() for line in lines if "model name" in line), cpu)
+        flags = next((line.split(":", 1)[1] for line in lines if line.startswith("flags")), "")
+    isa = sorted(f for f in flags.split() if f.startswith(("avx", "amx", "fma")))
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
+    return {
+        "cpu": cpu,
+        "gpu": gpu,
+        "isa": " ".join(isa),
+        "threads": str(torch.get_num_threads()),
+        "torch": torch.__version__,
+    }
+
+
+def _curve_path(target: TargetModel, max_tokens: int) -> Path:
+    key = {
+        **machine_fingerprint(),
+        "target": target.info.fingerprint,
+        "setting": setting_name(target),
+        "context": str(CONTEXT),
+        "max_tokens": str(max_tokens),
+    }
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / "profiles" / f"{target.name}-{digest}.json"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

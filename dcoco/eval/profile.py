@@ -1,0 +1,137 @@
+"""`dcoco profile`: what a decoding cycle costs on this machine, and which setting the engine uses.
+
+It times the target's forward over 1..N tokens after a 300-token context, at each precision; the
+drafter's pass and the draft head's correction for each number of slots; and says which precision,
+attention kernel and draft length the engine picks by default. Speculation pays when verifying
+k + 1 tokens costs about one step, so the ratio verify(8) / step(1) is the first number to read.
+The curves are cached per machine (`$DCOCO_CACHE_DIR/profiles/`); `--num-draft-tokens auto` reads
+the same cache. `--json` prints one object whose curves map token counts ("1".."N") to ms.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import torch
+
+from dcoco.config import Command
+from dcoco.decode.cost_curve import CostCurve, forward_curve, machine_fingerprint
+from dcoco.decode.draft_length import DraftLengthPolicy
+from dcoco.decode.methods import MethodOptions, build_proposer, check_method
+from dcoco.decode.proposers import DraftContext
+from dcoco.decode.session import DecodeConfig
+from dcoco.errors import DcocoError
+from dcoco.models.cache import crop_cache
+from dcoco.models.loading import DEFAULT_TARGET, load_target
+from dcoco.models.precision import check_precision
+
+DEFAULT_DTYPE = DecodeConfig.dtype  # what decoding uses unless told
+CONTEXT = 300
+
+
+@dataclass
+class ProfileConfig:
+    target: str = DEFAULT_TARGET  # embedded name or HF model directory
+    dtypes: tuple[str, ...] = ("bf16", "int8", "fp32")  # target precisions to time
+    attention: str = "auto"  # the target's attention kernel: auto | eager | sdpa
+    methods: tuple[str, ...] = ("dflash", "dcoco")  # drafter methods whose draft cost to time
+    max_tokens: int = 16  # time forwards over 1..max-tokens tokens
+    threads: int = 0  # CPU threads for torch; 0 = torch's default
+    device: str = ""  # empty = CUDA when present, else CPU
+    refresh: bool = False  # measure again even where a cached curve exists
+    json: bool = False  # print one JSON object instead of tables
+
+
+def run(config: ProfileConfig) -> int:
+    if config.max_tokens < 8:
+        raise DcocoError("--max-tokens must be >= 8 (the report reads verify(8))")
+    methods = [check_method(m) for m in config.methods if m.strip()]
+    if config.threads > 0:
+        torch.set_num_threads(config.threads)
+    report: dict = {"machine": machine_fingerprint(), "target": config.target, "forward_ms": {}}
+    default_target = None
+    for dtype in [check_precision(d) for d in config.dtypes]:
+        target = load_target(config.target, dtype, config.device or None, config.attention)
+        curve = forward_curve(target, config.max_tokens, refresh=config.refresh)
+        report["forward_ms"][curve.setting] = _keys(curve.forward_ms)
+        if dtype == DEFAULT_DTYPE:
+            default_target = target, curve
+    if default_target is None:  # the default precision is profiled whether asked for or not
+        target = load_target(config.target, DEFAULT_DTYPE, config.device or None, config.attention)
+        default_target = target, forward_curve(target, config.max_tokens, config.refresh)
+    target, curve = default_target
+    report["default"] = {"setting": curve.setting, "methods": {}}
+    for method in methods:
+        report["default"]["methods"][method] = _method_costs(target, curve, method)
+    print(json.dumps(report, indent=1) if config.json else _tables(report))
+    return 0
+
+
+def _method_costs(target, curve: CostCurve, method: str) -> dict:
+    """The method's draft and correction ms per number of slots, and the k auto starts with."""
+    proposer = build_proposer(method, target, MethodOptions())
+    if proposer is None:
+        raise DcocoError(f"{method} drafts nothing: profile a drafter method")
+    draft_ms, correct_ms = {}, {}
+    for slots in range(1, proposer.num_draft_tokens + 1):
+        draft_ms[str(slots)], correct_ms[str(slots)] = _time_proposer(target, proposer, slots)
+    policy = DraftLengthPolicy(curve, proposer.num_draft_tokens, proposer.acceptance_prior)
+    policy.draft_ms = float(draft_ms[str(policy.max_k)]) + float(correct_ms[str(policy.max_k)])
+    return {"draft_ms": draft_ms, "correct_ms": correct_ms, "auto_k": policy.choose()}
+
+
+def _time_proposer(target, proposer, slots: int, repeats: int = 7) -> tuple[float, float]:
+    """Median (draft ms, correct ms) of a steady-state cycle: 2 new taps over a 300-token cache."""
+    width = target.info.hidden_size * len(proposer.feature_layers)
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, target.info.vocab_size, (CONTEXT + 2,), generator=generator)
+    features = torch.randn(1, CONTEXT + 2, width, generator=generator).to(target.dtype)
+    tokens, features = tokens.to(target.device), features.to(target.device)
+    proposer.start(tokens[:CONTEXT].tolist())
+    proposer.propose(DraftContext(tokens[:CONTEXT], features[:, :CONTEXT], slots))  # prefill
+    drafts, corrects = [], []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        proposal = proposer.propose(DraftContext(tokens, features[:, CONTEXT - 1 :], slots))
+        drafts.append((time.perf_counter() - start - proposal.correct_s) * 1000)
+        corrects.append(proposal.correct_s * 1000)
+        crop_cache(proposer.cache, CONTEXT - 1)
+    return round(sorted(drafts[1:])[repeats // 2], 2), round(sorted(corrects[1:])[repeats // 2], 2)
+
+
+def _keys(curve: dict[int, float]) -> dict[str, float]:
+    return {str(k): v for k, v in curve.items()}
+
+
+def _tables(report: dict) -> str:
+    curves = report["forward_ms"]
+    counts = list(next(iter(curves.values())))
+    machine = report["machine"]
+    lines = [
+        f"machine: {machine['cpu']} | {machine['threads']} threads | torch {machine['torch']}",
+        f"target {report['target']}: forward over n tokens after {CONTEXT} of context, median ms",
+        "| setting | " + " | ".join(counts) + " | verify(8) / step(1) |",
+        "|---|" + "--:|" * (len(counts) + 1),
+    ]
+    for setting, curve in curves.items():
+        cells = " | ".join(f"{curve[n]:.1f}" for n in counts)
+        lines.append(f"| {setting} | {cells} | {curve['8'] / curve['1']:.2f}x |")
+    default = report["default"]
+    lines.append(f"\nthe engine's default: {default['setting']}, --num-draft-tokens auto")
+    for method, costs in default["methods"].items():
+        draft = " ".join(f"{k}:{v:.1f}" for k, v in costs["draft_ms"].items())
+        correct = " ".join(f"{k}:{v:.1f}" for k, v in costs["correct_ms"].items())
+        lines.append(f"{method}: draft ms by slots {draft} | correct ms {correct}")
+        lines.append(f"{method}: auto starts at k = {costs['auto_k']} (then follows acceptance)")
+    return "\n".join(lines)
+
+
+COMMAND = Command(
+    "profile",
+    "the cost of a decoding cycle on this machine (forward per token count, draft, correct)",
+    ProfileConfig,
+    run,
+    description=__doc__.split("\n\n")[1],
+)

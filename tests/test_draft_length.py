@@ -1,0 +1,106 @@
+"""`--num-draft-tokens auto`: the draft length from the cost curve and per-slot acceptance."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import make_tiny_target
+
+from dcoco.decode.cost_curve import CostCurve, forward_curve
+from dcoco.decode.draft_length import DraftLengthPolicy, best_draft_length, expected_tokens
+from dcoco.decode.engine import Engine
+from dcoco.decode.proposers import PromptLookupProposer
+from dcoco.decode.session import DecodeConfig
+from dcoco.errors import DcocoError
+from dcoco.models.drafter_io import stored_slot_accuracy
+
+FLAT = CostCurve("flat", {n: 10.0 for n in range(1, 17)})  # verifying costs the same for any k
+LINEAR = CostCurve("linear", {n: 10.0 * n for n in range(1, 17)})  # each token costs a step
+
+
+def test_expected_tokens():
+    assert expected_tokens([], 3) == 1.0
+    assert expected_tokens([1.0, 1.0, 1.0], 3) == 4.0
+    assert expected_tokens([0.5, 0.5], 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens([0.5, 0.0, 1.0], 3) == pytest.approx(1.5)  # a miss ends the chain
+
+
+def test_best_length_follows_the_curve():
+    sure = [0.9] * 8
+    assert best_draft_length(sure, FLAT, 0.0, 8) == 8  # free verification: draft all
+    # each verified token costs a full step, so only a certain draft pays; 1 is the least
+    assert best_draft_length(sure, LINEAR, 0.0, 8) == 1
+    knee = CostCurve("knee", {n: 10.0 if n <= 4 else 10.0 * n for n in range(1, 17)})
+    assert best_draft_length(sure, knee, 0.0, 8) == 3  # 4 tokens verified at the price of one
+
+
+def test_best_length_follows_acceptance():
+    assert best_draft_length([0.9, 0.9, 0.9, 0.0, 0.0], FLAT, 0.0, 5) == 3
+    cheap_until_4 = CostCurve("c", {n: 10.0 + n for n in range(1, 17)})
+    assert best_draft_length([0.05] * 6, cheap_until_4, 0.0, 6) == 1
+
+
+def test_policy_learns_from_verified_cycles():
+    policy = DraftLengthPolicy(FLAT, max_k=6, prior=(0.5,) * 6)
+    slope = CostCurve("s", {n: 10.0 + 2.0 * n for n in range(1, 17)})
+    policy.curve = slope
+    for _ in range(200):  # every cycle: slots 1-2 accepted, slot 3 missed
+        policy.observe(proposed=6, accepted=2, draft_s=0.001)
+    rates = policy.acceptance()
+    assert rates[0] > 0.95 and rates[1] > 0.95 and rates[2] < 0.05
+    assert rates[3] == pytest.approx(0.5)  # never reached: still the prior
+    assert policy.choose() == 2
+    assert policy.draft_ms == pytest.approx(1.0)
+
+
+def test_auto_in_the_engine_keeps_output_and_stays_in_range(tmp_path, monkeypatch):
+    monkeypatch.setenv("DCOCO_CACHE_DIR", str(tmp_path))
+    torch.set_num_threads(1)
+    target = make_tiny_target("llama")
+    curve = forward_curve(target)
+    assert sorted(curve.forward_ms) == list(range(1, 17))
+    policy = DraftLengthPolicy(curve, max_k=6)
+    prompt = torch.randint(5, 128, (12,), generator=torch.Generator().manual_seed(0)).tolist()
+    plain = Engine(target).generate(prompt, 40)
+    auto = Engine(target, PromptLookupProposer(6), policy).generate(prompt, 40)
+    assert auto.new_ids == plain.new_ids
+    assert len(auto.stats.proposed_per_slot) <= 6
+    assert policy.cycles == auto.stats.cycles
+
+
+def test_cost_curve_is_cached_and_a_corrupt_one_remeasured(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DCOCO_CACHE_DIR", str(tmp_path))
+    target = make_tiny_target("llama")
+    first = forward_curve(target)
+    (path,) = (tmp_path / "profiles").iterdir()
+    record = json.loads(path.read_text())
+    record["forward_ms"]["1"] = 123.0  # a cached curve is read, not measured again
+    path.write_text(json.dumps(record))
+    assert forward_curve(target).forward_ms[1] == 123.0
+    path.write_text("{not json")
+    again = forward_curve(target)
+    assert "unreadable" in capsys.readouterr().err
+    assert sorted(again.forward_ms) == sorted(first.forward_ms)
+    assert again.ms(32) == pytest.approx(again.forward_ms[16] * 2)  # linear past the end
+
+
+def test_num_draft_tokens_flag():
+    assert DecodeConfig().fixed_draft_tokens() is None  # auto is the default
+    assert DecodeConfig(num_draft_tokens="3").fixed_draft_tokens() == 3
+    for bad in ("0", "-1", "many"):
+        with pytest.raises(DcocoError, match="num-draft-tokens must be 'auto'"):
+            DecodeConfig(num_draft_tokens=bad).fixed_draft_tokens()
+
+
+def test_stored_slot_accuracy(tmp_path):
+    assert stored_slot_accuracy(tmp_path) == ()
+    lines = [
+        {"event": "eval", "slot_acc": [0.1, 0.05]},
+        {"event": "train", "loss": 1.0},
+        {"event": "eval", "slot_acc": [0.4, 0.3, 0.2]},
+    ]
+    text = "\n".join(json.dumps(line) for line in lines) + '\n{"event": "ev'  # a torn last line
+    (tmp_path / "train_log.jsonl").write_text(text)
+    assert stored_slot_accuracy(tmp_path) == (0.4, 0.3, 0.2)
