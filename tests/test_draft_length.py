@@ -104,3 +104,30 @@ def test_stored_slot_accuracy(tmp_path):
     text = "\n".join(json.dumps(line) for line in lines) + '\n{"event": "ev'  # a torn last line
     (tmp_path / "train_log.jsonl").write_text(text)
     assert stored_slot_accuracy(tmp_path) == (0.4, 0.3, 0.2)
+
+
+def test_profile_prints_curves_and_method_costs(tmp_path, monkeypatch, capsys):
+    """`dcoco profile --json` on a tiny target and an untrained drafter: one curve per precision
+    mapping "1".."N" to ms, the drafter's cost per slot count, and the k auto starts with."""
+    from dcoco.eval import profile
+    from dcoco.models.drafter import BlockDrafter, DrafterConfig
+    from dcoco.models.drafter_io import save_drafter
+
+    monkeypatch.setenv("DCOCO_CACHE_DIR", str(tmp_path / "cache"))
+    target = make_tiny_target("llama")
+    config = DrafterConfig.for_target(target, num_layers=1, block_size=5, mask_token_id=3,
+                                      target_layer_ids=(0, 1, 3))  # fmt: skip
+    drafter = BlockDrafter(config, target.embed_tokens, target.lm_head)
+    save_drafter(tmp_path / "drafter", drafter, target.info, dtype=torch.float32)
+    monkeypatch.setattr(profile, "load_target", lambda *args, **kwargs: target)
+    run_config = profile.ProfileConfig(
+        dtypes=("bf16",), methods=(f"dflash@{tmp_path / 'drafter'}",), max_tokens=8, json=True
+    )
+    assert profile.run(run_config) == 0
+    report = json.loads(capsys.readouterr().out)
+    (curve,) = report["forward_ms"].values()
+    assert list(curve) == [str(n) for n in range(1, 17)]  # a curve covers at least 16 tokens
+    costs = report["default"]["methods"][f"dflash@{tmp_path / 'drafter'}"]
+    assert list(costs["draft_ms"]) == ["1", "2", "3", "4"]
+    assert all(ms > 0 for ms in costs["draft_ms"].values())
+    assert 1 <= costs["auto_k"] <= 4
