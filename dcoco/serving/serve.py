@@ -31,6 +31,7 @@ from dcoco import paths
 from dcoco.config import Command
 from dcoco.errors import DcocoError
 from dcoco.models.loading import DEFAULT_TARGET, EMBEDDED_TARGETS
+from dcoco.serving.layout import check_layout, choose_layout, layout_env
 
 METHODS = ("plain", "dflash", "dcoco", "dspark", "domino")
 VLLM_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
@@ -55,19 +56,36 @@ class ServeConfig:
     seed: int = 0  # vLLM's sampling seed
     vllm_args: str = ""  # extra arguments for vLLM's api_server, as one shell-quoted string
     python: str = ""  # the interpreter with vLLM; empty = this one, else the vLLM venv's
+    layout: str = "auto"  # process layout: auto (timed once per machine) | vllm-default | all-cores
     dry_run: bool = False  # print the command instead of running it
 
 
 def run(config: ServeConfig) -> int:
+    layout = check_layout(config.layout)
     python, argv = build_command(config)
     command = [python, *argv]
     print(shlex.join(command), file=sys.stdout if config.dry_run else sys.stderr)
     if config.dry_run:
+        print(f"dcoco: vLLM layout {layout}", file=sys.stderr)
         return 0
+    if layout == "auto":
+        layout, rates = choose_layout(python, argv, _layout_key(config))
+        measured = ", ".join(f"{name} {rate:.1f}" for name, rate in rates.items())
+        print(f"dcoco: vLLM layout {layout} (tokens/s at one stream: {measured})", file=sys.stderr)
+    else:
+        print(f"dcoco: vLLM layout {layout} (--layout)", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(python, command)  # signals reach vLLM directly
+    os.execve(python, command, layout_env(layout))  # signals reach vLLM directly
     return 0  # not reached
+
+
+def _layout_key(config: ServeConfig) -> dict:
+    """What the fastest layout depends on: the machine and what is served."""
+    from dcoco.decode.cost_curve import machine_fingerprint
+
+    served = (config.method, config.checkpoint, config.target, config.dtype)
+    return {**machine_fingerprint(), "served": served, "seqs": config.max_num_seqs}
 
 
 def target_name(spec: str) -> str:

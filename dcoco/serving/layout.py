@@ -1,0 +1,122 @@
+"""How vLLM-CPU lays its processes over the cores, chosen by measuring on the machine it runs on.
+
+vLLM's OpenAI server always runs three processes on CPU: the API frontend, the EngineCore
+(scheduler) and the worker. By default the worker's OpenMP threads are bound to every core but
+one, which vLLM reserves for the scheduler (a busy loop, "TODO: make scheduler proc sleep when
+idle" in vllm/utils/ompmultiprocessing.py). On a 2-core machine that leaves the model one core.
+The candidates:
+- `vllm-default`: vLLM's own binding (one core reserved);
+- `all-cores`: no core reserved (`VLLM_CPU_NUM_OF_RESERVED_CPU=0`): the worker gets every core and
+  shares one with the scheduler.
+`--layout auto` times each candidate once per machine, method and dtype (a real server on a free
+port, one warm-up request, then one timed 64-token reply at one stream) and caches the winner
+under `$DCOCO_CACHE_DIR/serve-layouts/`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from dcoco.errors import DcocoError
+from dcoco.eval.serving_bench import chat_request, http_get
+from dcoco.paths import cache_dir
+
+LAYOUTS = {
+    "vllm-default": {},
+    "all-cores": {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"},
+}
+PROBE_PROMPT = "Write a short story about a robot who learns to paint."
+PROBE_TOKENS = 64
+START_TIMEOUT_S = 600.0
+
+
+def check_layout(name: str) -> str:
+    if name != "auto" and name not in LAYOUTS:
+        raise DcocoError(f"unknown layout '{name}': choose auto or one of {', '.join(LAYOUTS)}")
+    return name
+
+
+def layout_env(name: str) -> dict[str, str]:
+    return {**os.environ, **LAYOUTS[name]}
+
+
+def choose_layout(python: str, argv: list[str], key: dict) -> tuple[str, dict[str, float]]:
+    """(the fastest layout, tokens/s per layout) for this server command, cached by `key`."""
+    path = _cache_path(key)
+    if path.is_file():
+        try:
+            record = json.loads(path.read_text())
+            if record["layout"] in LAYOUTS:
+                return record["layout"], record["tokens_per_s"]
+        except (ValueError, KeyError, TypeError):
+            pass  # measured again below
+    rates = {}
+    for name in LAYOUTS:
+        print(f"dcoco: timing vLLM layout '{name}' (once per machine)", file=sys.stderr)
+        rates[name] = probe_layout(python, argv, name)
+    best = max(rates, key=rates.get)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"layout": best, "tokens_per_s": rates, "key": key}, indent=1))
+    return best, rates
+
+
+def probe_layout(python: str, argv: list[str], name: str) -> float:
+    """Tokens/s of one 64-token greedy reply from a server started with layout `name`."""
+    port = _free_port()
+    command = [python, *_with_port(argv, port)]
+    log = cache_dir() / "serve-layouts" / f"probe-{name}.log"  # a file: a pipe would fill up
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as sink:
+        server = subprocess.Popen(command, env=layout_env(name), stdout=sink, stderr=sink)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        model = _wait_until_up(server, base, log)
+        chat_request(base, model, PROBE_PROMPT, 8, 0.0, START_TIMEOUT_S)  # warm-up
+        reply = chat_request(base, model, PROBE_PROMPT, PROBE_TOKENS, 0.0, START_TIMEOUT_S)
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    if not reply["ok"] or not reply["completion_tokens"]:
+        raise DcocoError(f"layout '{name}': the probe request failed: {reply.get('error')}")
+    return round(reply["completion_tokens"] / reply["latency_s"], 2)
+
+
+def _wait_until_up(server: subprocess.Popen, base: str, log: Path) -> str:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:]
+            raise DcocoError(f"the vLLM server exited while starting (log {log}):\n{tail}")
+        try:
+            models = json.loads(http_get(base + "/v1/models", timeout=5))["data"]
+            return models[0]["id"]
+        except (OSError, ValueError, KeyError, IndexError):
+            time.sleep(2)
+    raise DcocoError(f"the vLLM server did not come up within {START_TIMEOUT_S:.0f} s")
+
+
+def _with_port(argv: list[str], port: int) -> list[str]:
+    argv = list(argv)
+    argv[argv.index("--port") + 1] = str(port)
+    return argv
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _cache_path(key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / "serve-layouts" / f"{digest}.json"
