@@ -347,6 +347,7 @@ def test_dcoco_serve_answers_concurrent_requests_with_spec_metrics(dcoco_checkpo
         sys.executable, "-m", "dcoco", "serve", "--method", "dcoco",
         "--checkpoint", str(dcoco_checkpoint), "--dtype", "fp32", "--port", str(port),
         "--max-model-len", "512", "--kv-cache-gib", "0.125", "--max-num-seqs", "16",
+        "--layout", "vllm-default",  # no probe servers: this test is about the served answers
     ]  # fmt: skip
     env = {**os.environ, **ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     log = open(tmp_path / "server.log", "w")  # noqa: SIM115 - closed in finally
