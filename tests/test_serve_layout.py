@@ -1,5 +1,5 @@
-"""`dcoco serve --layout auto`: each layout is timed on a real (here: fake) server, the winner is
-cached, and the layout's environment reaches the server process."""
+"""`dcoco serve --layout auto`: each layout (and dtype) is timed on a real (here: fake) server,
+the winner is cached, and the layout's environment reaches the server process."""
 
 from __future__ import annotations
 
@@ -49,11 +49,12 @@ def fake_server(tmp_path, monkeypatch):
 
 
 def test_the_faster_layout_wins_and_is_cached(fake_server, monkeypatch):
-    best, rates = layout.choose_layout(sys.executable, fake_server, {"machine": "m"})
-    assert best == "all-cores"  # its environment doubled the fake's tokens per reply
-    assert rates["all-cores"] > 1.5 * rates["vllm-default"] > 0
+    candidates = {(name, "bf16"): fake_server for name in layout.LAYOUTS}
+    best, rates = layout.choose_setup(sys.executable, candidates, {"machine": "m"})
+    assert best == ("all-cores", "bf16")  # its environment doubled the fake's tokens per reply
+    assert rates["all-cores bf16"] > 1.5 * rates["vllm-default bf16"] > 0
     monkeypatch.setattr(layout, "probe_layout", lambda *a: pytest.fail("cached: no probe"))
-    assert layout.choose_layout(sys.executable, fake_server, {"machine": "m"}) == (best, rates)
+    assert layout.choose_setup(sys.executable, candidates, {"machine": "m"}) == (best, rates)
 
 
 def test_a_server_that_dies_is_one_clear_error(tmp_path, monkeypatch):

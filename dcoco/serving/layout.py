@@ -8,9 +8,11 @@ The candidates:
 - `vllm-default`: vLLM's own binding (one core reserved);
 - `all-cores`: no core reserved (`VLLM_CPU_NUM_OF_RESERVED_CPU=0`): the worker gets every core and
   shares one with the scheduler.
-`--layout auto` times each candidate once per machine, method and dtype (a real server on a free
-port, one warm-up request, then one timed 64-token reply at one stream) and caches the winner
-under `$DCOCO_CACHE_DIR/serve-layouts/`.
+`--layout auto` times each candidate once per machine and method (a real server on a free port,
+one warm-up request, then one timed 64-token reply at one stream) and caches the winner under
+`$DCOCO_CACHE_DIR/serve-layouts/`; with `--dtype auto` each layout is timed at each of
+AUTO_DTYPES too (the precision vLLM runs the target in; bf16 wins where the CPU has native bf16
+matmuls, and may lose where they are emulated).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -32,6 +35,7 @@ LAYOUTS = {
     "vllm-default": {},
     "all-cores": {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"},
 }
+AUTO_DTYPES = ("bf16", "fp32")
 PROBE_PROMPT = "Write a short story about a robot who learns to paint."
 PROBE_TOKENS = 64
 START_TIMEOUT_S = 600.0
@@ -47,23 +51,28 @@ def layout_env(name: str) -> dict[str, str]:
     return {**os.environ, **LAYOUTS[name]}
 
 
-def choose_layout(python: str, argv: list[str], key: dict) -> tuple[str, dict[str, float]]:
-    """(the fastest layout, tokens/s per layout) for this server command, cached by `key`."""
-    path = _cache_path(key)
+def choose_setup(
+    python: str, candidates: dict[tuple[str, str], list[str]], key: dict
+) -> tuple[tuple[str, str], dict[str, float]]:
+    """The fastest (layout, dtype) of `candidates` (each mapped to its server argv) and the
+    tokens/s of each ("layout dtype" -> rate), cached by `key`."""
+    path = _cache_path({**key, "candidates": sorted(" ".join(c) for c in candidates)})
     if path.is_file():
         try:
             record = json.loads(path.read_text())
-            if record["layout"] in LAYOUTS:
-                return record["layout"], record["tokens_per_s"]
+            best = tuple(record["best"])
+            if best in candidates:
+                return best, record["tokens_per_s"]
         except (ValueError, KeyError, TypeError):
             pass  # measured again below
     rates = {}
-    for name in LAYOUTS:
-        print(f"dcoco: timing vLLM layout '{name}' (once per machine)", file=sys.stderr)
-        rates[name] = probe_layout(python, argv, name)
-    best = max(rates, key=rates.get)
+    for (name, dtype), argv in candidates.items():
+        print(f"dcoco: timing vLLM layout '{name}' at {dtype} (once per machine)", file=sys.stderr)
+        rates[f"{name} {dtype}"] = probe_layout(python, argv, name)
+    best = max(candidates, key=lambda c: rates[" ".join(c)])
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"layout": best, "tokens_per_s": rates, "key": key}, indent=1))
+    record = {"best": best, "tokens_per_s": rates, "key": key}
+    path.write_text(json.dumps(record, indent=1))
     return best, rates
 
 
@@ -74,21 +83,37 @@ def probe_layout(python: str, argv: list[str], name: str) -> float:
     log = cache_dir() / "serve-layouts" / f"probe-{name}.log"  # a file: a pipe would fill up
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as sink:
-        server = subprocess.Popen(command, env=layout_env(name), stdout=sink, stderr=sink)
+        server = subprocess.Popen(
+            command, env=layout_env(name), stdout=sink, stderr=sink, start_new_session=True
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         model = _wait_until_up(server, base, log)
         chat_request(base, model, PROBE_PROMPT, 8, 0.0, START_TIMEOUT_S)  # warm-up
         reply = chat_request(base, model, PROBE_PROMPT, PROBE_TOKENS, 0.0, START_TIMEOUT_S)
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        _stop(server)
     if not reply["ok"] or not reply["completion_tokens"]:
         raise DcocoError(f"layout '{name}': the probe request failed: {reply.get('error')}")
     return round(reply["completion_tokens"] / reply["latency_s"], 2)
+
+
+def _stop(server: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL, to the probe's whole process group: its EngineCore and worker
+    must not outlive it and slow the next probe (or the real server)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(server.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            server.poll()  # reap the leader, or the group never empties
+            try:
+                os.killpg(server.pid, 0)  # is any member left?
+            except ProcessLookupError:
+                return
+            time.sleep(0.5)
 
 
 def _wait_until_up(server: subprocess.Popen, base: str, log: Path) -> str:

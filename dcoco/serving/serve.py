@@ -23,7 +23,7 @@ import os
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -31,7 +31,7 @@ from dcoco import paths
 from dcoco.config import Command
 from dcoco.errors import DcocoError
 from dcoco.models.loading import DEFAULT_TARGET, EMBEDDED_TARGETS
-from dcoco.serving.layout import check_layout, choose_layout, layout_env
+from dcoco.serving.layout import AUTO_DTYPES, LAYOUTS, check_layout, choose_setup, layout_env
 
 METHODS = ("plain", "dflash", "dcoco", "dspark", "domino")
 VLLM_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
@@ -45,7 +45,7 @@ class ServeConfig:
     target: str = DEFAULT_TARGET  # embedded name or Hugging Face model directory
     host: str = "127.0.0.1"  # address the server listens on
     port: int = 8000  # port the server listens on
-    dtype: str = "bf16"  # bf16 | fp32 | fp16 (fp32 for exactness checks)
+    dtype: str = "auto"  # auto (--layout auto times bf16 and fp32; else bf16) | bf16 | fp32 | fp16
     num_speculative_tokens: int = 0  # 0 = the drafter's block size - 1
     max_model_len: int = 2048  # longest prompt + reply vLLM accepts
     max_num_seqs: int = 0  # 0 = vLLM's default
@@ -62,30 +62,47 @@ class ServeConfig:
 
 def run(config: ServeConfig) -> int:
     layout = check_layout(config.layout)
-    python, argv = build_command(config)
-    command = [python, *argv]
-    print(shlex.join(command), file=sys.stdout if config.dry_run else sys.stderr)
-    if config.dry_run:
-        print(f"dcoco: vLLM layout {layout}", file=sys.stderr)
-        return 0
-    if layout == "auto":
-        layout, rates = choose_layout(python, argv, _layout_key(config))
-        measured = ", ".join(f"{name} {rate:.1f}" for name, rate in rates.items())
-        print(f"dcoco: vLLM layout {layout} (tokens/s at one stream: {measured})", file=sys.stderr)
+    if config.dry_run or layout != "auto":
+        python, argv = build_command(config)
+        print(shlex.join([python, *argv]), file=sys.stdout if config.dry_run else sys.stderr)
+        print(f"dcoco: vLLM layout {layout}, dtype {_fixed_dtype(config.dtype)}", file=sys.stderr)
+        if config.dry_run:
+            return 0
     else:
-        print(f"dcoco: vLLM layout {layout} (--layout)", file=sys.stderr)
+        layout, python, argv = _measured_setup(config)
+    command = [python, *argv]
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(python, command, layout_env(layout))  # signals reach vLLM directly
     return 0  # not reached
 
 
-def _layout_key(config: ServeConfig) -> dict:
-    """What the fastest layout depends on: the machine and what is served."""
+def _fixed_dtype(dtype: str) -> str:
+    """`auto` without a measurement is bf16, decoding's default precision."""
+    return "bf16" if dtype == "auto" else dtype
+
+
+def _measured_setup(config: ServeConfig) -> tuple[str, str, list[str]]:
+    """(layout, python, argv) of the fastest measured layout and dtype (dcoco.serving.layout)."""
     from dcoco.decode.cost_curve import machine_fingerprint
 
-    served = (config.method, config.checkpoint, config.target, config.dtype)
-    return {**machine_fingerprint(), "served": served, "seqs": config.max_num_seqs}
+    dtypes = AUTO_DTYPES if config.dtype == "auto" else (config.dtype,)
+    candidates, python = {}, ""
+    for dtype in dtypes:
+        python, argv = build_command(replace(config, dtype=dtype))
+        candidates.update({(name, dtype): argv for name in LAYOUTS})
+    served = (config.method, config.checkpoint, config.target, config.max_num_seqs)
+    (layout, dtype), rates = choose_setup(
+        python, candidates, {**machine_fingerprint(), "served": served}
+    )
+    measured = ", ".join(f"{name} {rate:.1f}" for name, rate in rates.items())
+    print(
+        f"dcoco: vLLM layout {layout}, dtype {dtype} (tokens/s at one stream: {measured})",
+        file=sys.stderr,
+    )
+    argv = candidates[(layout, dtype)]
+    print(shlex.join([python, *argv]), file=sys.stderr)
+    return layout, python, argv
 
 
 def target_name(spec: str) -> str:
@@ -108,7 +125,7 @@ def build_command(config: ServeConfig) -> tuple[str, list[str]]:
         "--served-model-name", name,
         "--host", config.host,
         "--port", str(config.port),
-        "--dtype", VLLM_DTYPES.get(config.dtype, config.dtype),
+        "--dtype", VLLM_DTYPES.get(_fixed_dtype(config.dtype), config.dtype),
         "--max-model-len", str(config.max_model_len),
         "--kv-cache-memory-bytes", str(int(config.kv_cache_gib * (1 << 30))),
         "--seed", str(config.seed),

@@ -10,14 +10,16 @@ cd "$(dirname "$0")/../.."
 make -s venv venv-vllm
 OUT=${OUT:-results/smollm2-serve-layout}
 PORT=${PORT:-8021}
-PROMPTS=${PROMPTS:-4}
+PROMPTS=${PROMPTS:-8}
 MAX_TOKENS=${MAX_TOKENS:-128}
 VLLM_PY="${DCOCO_VLLM_VENV:-$PWD/.venv-vllm}/bin/python"
 LOGS=${LOGS:-${DCOCO_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dcoco}/logs}  # server logs name local paths
 mkdir -p "$OUT" "$LOGS"
 : > "$OUT/tokens_per_s.jsonl"
 for layout in vllm-default all-cores auto; do
-  .venv/bin/dcoco serve --method plain --layout "$layout" --port "$PORT" > "$LOGS/serve-$layout.log" 2>&1 &
+  # its own process group, so that stopping it stops vLLM's EngineCore and worker too
+  setsid .venv/bin/dcoco serve --method plain --layout "$layout" --port "$PORT" \
+    > "$LOGS/serve-$layout.log" 2>&1 &
   server=$!
   "$VLLM_PY" - "$PORT" "$layout" "$PROMPTS" "$MAX_TOKENS" >> "$OUT/tokens_per_s.jsonl" <<'PY'
 import json, sys, time
@@ -45,7 +47,8 @@ seconds = time.perf_counter() - start
 print(json.dumps({"layout": layout, "tokens": tokens, "seconds": round(seconds, 2),
                   "tokens_per_s": round(tokens / seconds, 2)}))
 PY
-  kill "$server"; wait "$server" 2>/dev/null || true
+  kill -- -"$server"; wait "$server" 2>/dev/null || true
+  while kill -0 -- -"$server" 2>/dev/null; do sleep 1; done
 done
 grep -h "dcoco: vLLM layout" "$LOGS"/serve-*.log | tee "$OUT/chosen.txt" || true
 cat "$OUT/tokens_per_s.jsonl"
