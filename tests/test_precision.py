@@ -105,3 +105,14 @@ def test_drafter_logits_of_strided_slots_equal_contiguous():
     assert not hidden.is_contiguous()
     expected = hidden.contiguous() @ target.lm_head.weight.T
     assert torch.allclose(drafter.logits(hidden), expected, atol=1e-5)
+
+
+def test_an_int8_bench_report_says_it_is_a_different_target():
+    from dcoco.eval.report import INT8_NOTE, _setup
+
+    session = {"target": "t", "dtype": "int8", "device": "cpu", "cpu": "c", "torch_threads": 2,
+               "started": "now", "git_commit": "abc"}  # fmt: skip
+    config = {"config": {"max_new_tokens": 8, "limit": 1, "chat": True}, "sessions": [session]}
+    summary = {"methods": ["plain"], "baseline": "plain"}
+    assert INT8_NOTE in _setup(summary, config)
+    assert INT8_NOTE not in _setup(summary, {**config, "sessions": [{**session, "dtype": "bf16"}]})

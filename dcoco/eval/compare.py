@@ -101,6 +101,8 @@ def run(config: CompareConfig) -> int:
         f"T={config.temperature} | max new tokens {config.max_new_tokens} | "
         f"drafts per cycle {config.num_draft_tokens}"
     )
+    if target.precision == "int8":
+        print("int8: weight-only int8 weights, a different target: compare with plain at int8 only")
     print("\n".join(overall_table(summary, temperature_key(config.temperature))))
     for method, engine in engines.items():
         if engine.draft_length:

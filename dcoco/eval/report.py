@@ -121,6 +121,12 @@ def overall_table(summary: dict, tkey: str) -> list[str]:
     return rows
 
 
+INT8_NOTE = (
+    "**int8 is a different target**: weight-only int8 quantisation of every linear layer "
+    "(dcoco.models.precision), so compare its speedups with plain decoding at int8 only."
+)
+
+
 def _setup(summary: dict, config: dict | None) -> list[str]:
     lines = [f"Methods: {', '.join(summary['methods'])}; baseline: {summary['baseline'] or '–'}."]
     if config:
@@ -133,6 +139,8 @@ def _setup(summary: dict, config: dict | None) -> list[str]:
             f"Started {first['started']}, git commit {first['git_commit'] or 'unknown'}, "
             f"{len(config['sessions'])} session(s).",
         ]
+        if first["dtype"] == "int8":
+            lines.append(INT8_NOTE)
     return lines
 
 
