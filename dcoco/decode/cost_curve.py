@@ -92,13 +92,13 @@ def forward_curve(target: TargetModel, max_tokens: int = 16, refresh: bool = Fal
 
 def machine_fingerprint() -> dict[str, str]:
     """What the curve depends on besides the target: CPU model and ISA, threads, torch."""
-    cpu = platform.processor()
-    flags = ""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        lines = cpuinfo.read_text().splitlines()
-        cpu = next((line.split(":", 1)[1].strip() for line in lines if "model name" in line), cpu)
-        flags = next((line.split(":", 1)[1] for line in lines if line.startswith("flags")), "")
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []  # not Linux: what the platform module knows
+    fallback = platform.processor() or platform.machine()
+    cpu = next((line.split(":", 1)[1].strip() for line in lines if "model name" in line), fallback)
+    flags = next((line.split(":", 1)[1] for line in lines if line.startswith("flags")), "")
     isa = sorted(f for f in flags.split() if f.startswith(("avx", "amx", "fma")))
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
     return {

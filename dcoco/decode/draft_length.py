@@ -46,9 +46,9 @@ class DraftLengthPolicy:
     max_k: int  # the most drafts the proposer can make
     prior: tuple[float, ...] = ()  # a_i per slot; slots beyond it get FLAT_PRIOR
     draft_ms: float = 0.0  # running average of the proposer's cost per cycle
-    accepted: list[float] = field(default_factory=list)  # per slot: cycles that accepted it
-    reached: list[float] = field(default_factory=list)  # per slot: cycles that reached it
-    cycles: int = 0  # cycles observed
+    accepted: list[float] = field(init=False)  # per slot: cycles that accepted it (prior included)
+    reached: list[float] = field(init=False)  # per slot: cycles that reached it (prior included)
+    cycles: int = field(init=False, default=0)  # cycles observed
 
     def __post_init__(self):
         prior = [*self.prior[: self.max_k]]

@@ -27,9 +27,11 @@ class HeadProposer(DFlashProposer):
         num_draft_tokens: int | None = None,
         name: str | None = None,
         selection: str | None = None,
+        acceptance_prior: tuple[float, ...] = (),
     ):
-        """`selection`: the corrector's rule (dcoco.models.selection); None = its default."""
-        super().__init__(drafter, num_draft_tokens)
+        """`selection`: the corrector's rule (dcoco.models.selection); None = its default.
+        `acceptance_prior`: as for DFlashProposer."""
+        super().__init__(drafter, num_draft_tokens, acceptance_prior)
         head_hidden = getattr(head.config, "hidden_size", drafter.config.hidden_size)
         if head_hidden != drafter.config.hidden_size:
             raise DcocoError(

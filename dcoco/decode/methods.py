@@ -107,6 +107,6 @@ def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> 
         )
     head = load_head(path, target, drafter)
     selection = (spec.selection or options.selection) if spec.method == "dcoco" else None
-    proposer = HeadProposer(drafter, head, num_draft_tokens, name=method, selection=selection)
-    proposer.acceptance_prior = prior
-    return proposer
+    return HeadProposer(
+        drafter, head, num_draft_tokens, name=method, selection=selection, acceptance_prior=prior
+    )

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import json
-import platform
 import sys
 import time
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from tqdm import tqdm
 
 from dcoco.config import Command
 from dcoco.contracts import SamplingParams
+from dcoco.decode.cost_curve import machine_fingerprint
 from dcoco.decode.engine import Engine
 from dcoco.decode.methods import check_method
 from dcoco.decode.session import DecodeConfig, make_engine, open_target
@@ -254,7 +254,7 @@ def _write_config(run_dir: Path, config: BenchConfig, target: TargetModel) -> No
         attention=target.attention,
         device=str(target.device),
         gpu=torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else None,
-        cpu=_cpu_model(),
+        cpu=machine_fingerprint()["cpu"],
         torch_threads=torch.get_num_threads(),
         shard=f"{config.shard}/{config.shards}",
     )
@@ -270,16 +270,6 @@ def _write_config(run_dir: Path, config: BenchConfig, target: TargetModel) -> No
         file.seek(0)
         file.truncate()
         file.write(json.dumps(record, indent=2) + "\n")
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass  # not Linux: fall through to what the platform module knows
-    return platform.processor() or platform.machine()
 
 
 COMMAND = Command(

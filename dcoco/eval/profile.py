@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from dcoco.config import Command
-from dcoco.decode.cost_curve import CostCurve, forward_curve, machine_fingerprint
+from dcoco.decode.cost_curve import CONTEXT, CostCurve, forward_curve, machine_fingerprint
 from dcoco.decode.draft_length import DraftLengthPolicy
 from dcoco.decode.methods import MethodOptions, build_proposer, check_method
 from dcoco.decode.proposers import DraftContext
@@ -28,7 +28,6 @@ from dcoco.models.loading import DEFAULT_TARGET, load_target
 from dcoco.models.precision import check_precision
 
 DEFAULT_DTYPE = DecodeConfig.dtype  # what decoding uses unless told
-CONTEXT = 300
 
 
 @dataclass

@@ -17,6 +17,7 @@ from transformers import DynamicCache, PreTrainedModel
 from dcoco.contracts import TargetOutput
 from dcoco.errors import DcocoError
 from dcoco.models.cache import new_cache
+from dcoco.models.precision import LOAD_DTYPES
 
 
 @dataclass(frozen=True)
@@ -167,9 +168,8 @@ class TargetModel:
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
-    return {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}.get(
-        dtype, str(dtype).removeprefix("torch.")
-    )
+    names = {torch_dtype: name for name, torch_dtype in LOAD_DTYPES.items()}
+    return names.get(dtype, str(dtype).removeprefix("torch."))
 
 
 def _capture_into(store: dict[int, Tensor], layer: int):
