@@ -46,7 +46,7 @@ def setting_name(target: TargetModel) -> str:
     return f"{target.precision} {target.attention} {where}"
 
 
-def measure_forward(target: TargetModel, max_tokens: int = 16, repeats: int = 7) -> CostCurve:
+def measure_forward(target: TargetModel, max_tokens: int = 16, repeats: int = 9) -> CostCurve:
     """Time the target's forward over 1..max_tokens tokens after a CONTEXT-token prefill."""
     context = max(1, min(CONTEXT, target.max_context - max_tokens - 1))
     generator = torch.Generator().manual_seed(0)
@@ -55,18 +55,20 @@ def measure_forward(target: TargetModel, max_tokens: int = 16, repeats: int = 7)
     ids = ids.to(target.device)
     cache = target.new_cache()
     target.forward(ids[:, :context], cache, last_logits_only=True)
-    curve = {}
-    for tokens in range(1, max_tokens + 1):
-        block = ids[:, context : context + tokens]
-        times = []
-        for _ in range(repeats + 1):  # the first run warms this shape up and is dropped
+    for tokens in range(1, max_tokens + 1):  # one untimed sweep: every shape's kernels warm
+        target.forward(ids[:, context : context + tokens], cache)
+        crop_cache(cache, context)
+    # Round-robin over the token counts, so that a burst of load elsewhere on the machine lands
+    # on every point of the curve alike instead of on a few neighbouring ones.
+    times: dict[int, list[float]] = {tokens: [] for tokens in range(1, max_tokens + 1)}
+    for _ in range(repeats):
+        for tokens, samples in times.items():
             start = time.perf_counter()
-            target.forward(block, cache)
+            target.forward(ids[:, context : context + tokens], cache)
             _sync(target.device)
-            times.append(time.perf_counter() - start)
+            samples.append(time.perf_counter() - start)
             crop_cache(cache, context)
-        times = sorted(times[1:])
-        curve[tokens] = round(times[len(times) // 2] * 1000, 2)
+    curve = {tokens: round(sorted(s)[len(s) // 2] * 1000, 2) for tokens, s in times.items()}
     return CostCurve(setting_name(target), curve)
 
 
