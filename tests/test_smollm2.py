@@ -1,4 +1,5 @@
-"""Real-model checks on the embedded SmolLM2-135M-Instruct (fp32, where greedy is exact)."""
+"""Real-model checks on the embedded SmolLM2-135M-Instruct (fp32, where greedy is exact), with the
+linear kernel decoding uses by default (oneDNN prepacked on CPU)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def smollm2():
-    return load_target("smollm2-135m-instruct", dtype="fp32", device="cpu")
+    return load_target("smollm2-135m-instruct", dtype="fp32", device="cpu", matmul="auto")
 
 
 def test_plain_engine_equals_reference_decoder(smollm2):

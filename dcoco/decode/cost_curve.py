@@ -43,7 +43,7 @@ def setting_name(target: TargetModel) -> str:
     device = target.device
     threads = torch.get_num_threads()
     where = f"cpu {threads} threads" if device.type == "cpu" else str(device)
-    return f"{target.precision} {target.attention} {where}"
+    return f"{target.precision} {target.attention} {target.matmul} {where}"
 
 
 def measure_forward(target: TargetModel, max_tokens: int = 16, repeats: int = 9) -> CostCurve:

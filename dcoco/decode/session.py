@@ -24,6 +24,7 @@ class DecodeConfig:
     target: str = DEFAULT_TARGET  # embedded name or HF model directory
     dtype: str = "bf16"  # bf16 | fp32 (exactness checks) | fp16 | int8 (weight-only: a new target)
     attention: str = "auto"  # attention kernel: auto (eager for int8, else sdpa) | eager | sdpa
+    matmul: str = "auto"  # linear kernel: auto (onednn on a CPU at fp32/bf16) | aten | onednn
     device: str = ""  # empty = CUDA when present, else CPU
     threads: int = 0  # CPU threads for torch; 0 = torch's default
     max_new_tokens: int = 256  # new tokens per reply, at most
@@ -66,7 +67,7 @@ def open_target(config: DecodeConfig) -> TargetModel:
     if config.threads > 0:
         torch.set_num_threads(config.threads)
     return load_target(
-        config.target, dtype=config.dtype, device=config.device or None, attention=config.attention
+        config.target, config.dtype, config.device or None, config.attention, config.matmul
     )
 
 

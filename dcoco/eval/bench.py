@@ -252,6 +252,7 @@ def _write_config(run_dir: Path, config: BenchConfig, target: TargetModel) -> No
         target=target.name,
         dtype=target.precision,
         attention=target.attention,
+        matmul=target.matmul,
         device=str(target.device),
         gpu=torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else None,
         cpu=machine_fingerprint()["cpu"],

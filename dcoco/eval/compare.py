@@ -97,7 +97,8 @@ def run(config: CompareConfig) -> int:
 
     summary = summarize(records, baseline=methods[0])
     print(
-        f"target {config.target} | precision {target.precision} ({target.attention} attention) | "
+        f"target {config.target} | precision {target.precision} ({target.attention} attention, "
+        f"{target.matmul} matmul) | "
         f"T={config.temperature} | max new tokens {config.max_new_tokens} | "
         f"drafts per cycle {config.num_draft_tokens}"
     )

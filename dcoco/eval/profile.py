@@ -1,8 +1,9 @@
 """`dcoco profile`: what a decoding cycle costs on this machine, and which setting the engine uses.
 
-It times the target's forward over 1..N tokens after a 300-token context, at each precision; the
-drafter's pass and the draft head's correction for each number of slots; and says which precision,
-attention kernel and draft length the engine picks by default. Speculation pays when verifying
+It times the target's forward over 1..N tokens after a 300-token context, at each precision and
+matmul kernel (aten, or oneDNN with prepacked weights); the drafter's pass and the draft head's
+correction for each number of slots; and says which precision, attention and matmul kernels and
+draft length the engine picks by default. Speculation pays when verifying
 k + 1 tokens costs about one step, so the ratio verify(8) / step(1) is the first number to read.
 The curves are cached per machine (`$DCOCO_CACHE_DIR/profiles/`); `--num-draft-tokens auto` reads
 the same cache. `--json` prints one object whose curves map token counts ("1".."N") to ms.
@@ -24,10 +25,12 @@ from dcoco.decode.proposers import DraftContext
 from dcoco.decode.session import DecodeConfig
 from dcoco.errors import DcocoError
 from dcoco.models.cache import crop_cache
-from dcoco.models.loading import DEFAULT_TARGET, load_target
-from dcoco.models.precision import check_precision
+from dcoco.models.loading import DEFAULT_TARGET, default_device, load_target
+from dcoco.models.packed_linear import resolve_matmul
+from dcoco.models.precision import check_precision, load_dtype
 
 DEFAULT_DTYPE = DecodeConfig.dtype  # what decoding uses unless told
+DEFAULT_MATMUL = DecodeConfig.matmul
 
 
 @dataclass
@@ -35,6 +38,7 @@ class ProfileConfig:
     target: str = DEFAULT_TARGET  # embedded name or HF model directory
     dtypes: tuple[str, ...] = ("bf16", "int8", "fp32")  # target precisions to time
     attention: str = "auto"  # the target's attention kernel: auto | eager | sdpa
+    matmuls: tuple[str, ...] = ("aten", "onednn")  # linear kernels to time (where they apply)
     methods: tuple[str, ...] = ("dflash", "dcoco")  # drafter methods whose draft cost to time
     max_tokens: int = 16  # time forwards over 1..max-tokens tokens
     threads: int = 0  # CPU threads for torch; 0 = torch's default
@@ -50,15 +54,19 @@ def run(config: ProfileConfig) -> int:
     if config.threads > 0:
         torch.set_num_threads(config.threads)
     report: dict = {"machine": machine_fingerprint(), "target": config.target, "forward_ms": {}}
+    default = (DEFAULT_DTYPE, _resolved(DEFAULT_MATMUL, DEFAULT_DTYPE, config))
     default_target = None
-    for dtype in [check_precision(d) for d in config.dtypes]:
-        target = load_target(config.target, dtype, config.device or None, config.attention)
+    for setting in _settings(config):
+        dtype, matmul = setting
+        target = load_target(config.target, dtype, config.device or None, config.attention, matmul)
         curve = forward_curve(target, config.max_tokens, refresh=config.refresh)
         report["forward_ms"][curve.setting] = _keys(curve.forward_ms)
-        if dtype == DEFAULT_DTYPE:
+        if setting == default:
             default_target = target, curve
-    if default_target is None:  # the default precision is profiled whether asked for or not
-        target = load_target(config.target, DEFAULT_DTYPE, config.device or None, config.attention)
+    if default_target is None:  # the default setting is profiled whether asked for or not
+        target = load_target(
+            config.target, default[0], config.device or None, config.attention, default[1]
+        )
         default_target = target, forward_curve(target, config.max_tokens, config.refresh)
     target, curve = default_target
     report["default"] = {"setting": curve.setting, "methods": {}}
@@ -66,6 +74,28 @@ def run(config: ProfileConfig) -> int:
         report["default"]["methods"][method] = _method_costs(target, curve, method)
     print(json.dumps(report, indent=1) if config.json else _tables(report))
     return 0
+
+
+def _settings(config: ProfileConfig) -> list[tuple[str, str]]:
+    """(precision, matmul kernel) pairs to time: each kernel where it applies (oneDNN's prepacked
+    linear takes CPU fp32 and bf16 only; int8 has its own kernel)."""
+    pairs = []
+    for dtype in [check_precision(d) for d in config.dtypes]:
+        kernels = {_resolved(m, dtype, config) for m in config.matmuls if m.strip()}
+        pairs += [(dtype, kernel) for kernel in sorted(kernels or {"aten"})]
+    return pairs
+
+
+def _resolved(matmul: str, dtype: str, config: ProfileConfig) -> str:
+    """The kernel `matmul` names for `dtype` here: onednn where it does not apply falls back to
+    aten, as `auto` would."""
+    device = torch.device(config.device) if config.device else default_device()
+    try:
+        return resolve_matmul(matmul, dtype, load_dtype(dtype), device)
+    except DcocoError:
+        if matmul != "onednn":
+            raise
+        return "aten"
 
 
 def _method_costs(target, curve: CostCurve, method: str) -> dict:

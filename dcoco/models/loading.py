@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from dcoco.errors import DcocoError
+from dcoco.models.packed_linear import pack_linears, resolve_matmul
 from dcoco.models.precision import load_dtype, quantise_int8_weights, resolve_attention
 from dcoco.models.target import TargetModel
 from dcoco.paths import cache_dir
@@ -71,9 +72,12 @@ def load_target(
     dtype: str = "bf16",
     device: str | None = None,
     attention: str = "auto",
+    matmul: str = "aten",
 ):
     """Load `spec` as a TargetModel on `device` (CUDA when present, else CPU), at precision
-    `dtype` (dcoco.models.precision: bf16 | fp32 | fp16 | int8) with the `attention` kernel.
+    `dtype` (dcoco.models.precision: bf16 | fp32 | fp16 | int8) with the `attention` kernel and
+    the `matmul` kernel of its linear layers (dcoco.models.packed_linear: aten, the default,
+    trains; onednn decodes faster on CPU and has no backward).
 
     bf16 is the decoding default: a batch-1 step is memory-bound, and bf16 halves the bytes even
     where matmuls are emulated (AVX2 CPUs), while fp32 is the dtype for exactness checks. Training,
@@ -86,6 +90,7 @@ def load_target(
     torch_device = torch.device(device) if device else default_device()
     torch_dtype = load_dtype(dtype)
     kernel = resolve_attention(attention, dtype)
+    matmul = resolve_matmul(matmul, dtype, torch_dtype, torch_device)
     path = resolve_target(spec)
     try:
         model = AutoModelForCausalLM.from_pretrained(
@@ -97,8 +102,12 @@ def load_target(
     model = model.to(torch_device)
     if dtype == "int8":
         quantise_int8_weights(model)
+    if matmul == "onednn":
+        pack_linears(model)
     name = spec if spec in EMBEDDED_TARGETS else path.name
-    return TargetModel(model, tokenizer, name=name, precision=dtype, attention=kernel)
+    return TargetModel(
+        model, tokenizer, name=name, precision=dtype, attention=kernel, matmul=matmul
+    )
 
 
 def _find_gguf(embedded: EmbeddedTarget) -> Path:

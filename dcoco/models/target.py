@@ -41,9 +41,11 @@ class TargetModel:
         name: str = "target",
         precision: str = "",
         attention: str = "",
+        matmul: str = "aten",
     ):
-        """`precision` and `attention` name how the forward runs (dcoco.models.precision); by
-        default the model's own dtype and attention implementation."""
+        """`precision`, `attention` and `matmul` name how the forward runs
+        (dcoco.models.precision, dcoco.models.packed_linear); by default the model's own dtype
+        and attention implementation, and aten's linear layers."""
         self.model = model.eval()
         self.model.requires_grad_(False)
         self.tokenizer = tokenizer
@@ -51,6 +53,7 @@ class TargetModel:
         self.name = name
         self.precision = precision or _dtype_name(model.dtype)
         self.attention = attention or str(getattr(model.config, "_attn_implementation", ""))
+        self.matmul = matmul
         self.layers: nn.ModuleList = model.model.layers
         self.embed_tokens: nn.Embedding = model.get_input_embeddings()
         self.lm_head: nn.Linear = model.get_output_embeddings()
