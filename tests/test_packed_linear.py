@@ -60,12 +60,14 @@ def test_packed_logits_match_aten_logits():
 
 def test_fp32_speculative_output_equals_plain_with_packed_linears():
     """The exactness guarantee holds with the packed kernel: greedy output of prompt lookup and
-    the block drafter equals plain decoding through the same packed target."""
+    the block drafter (packed too, as decoding packs it) equals plain decoding through the same
+    packed target."""
     target = packed_target()
     config = DrafterConfig.for_target(target, num_layers=1, block_size=5, mask_token_id=3,
                                       target_layer_ids=(0, 1, 3))  # fmt: skip
     torch.manual_seed(0)
-    drafter = BlockDrafter(config, target.embed_tokens, target.lm_head)
+    drafter = pack_linears(BlockDrafter(config, target.embed_tokens, target.lm_head))
+    assert [m for m in drafter.modules() if isinstance(m, nn.Linear)] == []
     for seed in range(3):
         prompt = torch.randint(5, 128, (10,), generator=torch.Generator().manual_seed(seed))
         plain = Engine(target).generate(prompt.tolist(), 40)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from dcoco.decode.proposers import PromptLookupProposer, Proposer
 from dcoco.errors import DcocoError
+from dcoco.models.packed_linear import pack_linears
 from dcoco.models.selection import SELECTION_RULES
 from dcoco.models.target import TargetModel
 from dcoco.paths import checkpoints_dir
@@ -98,6 +99,7 @@ def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> 
     num_draft_tokens = options.num_draft_tokens or None
     prior = stored_slot_accuracy(path)
     if spec.method == "dflash":
+        drafter = _matmul_like_target(drafter, target)
         return DFlashProposer(drafter, num_draft_tokens=num_draft_tokens, acceptance_prior=prior)
     kind = head_kind_of(path)
     if kind != spec.method:
@@ -106,7 +108,16 @@ def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> 
             f"{spec.method} head that '{method}' needs"
         )
     head = load_head(path, target, drafter)
+    drafter = _matmul_like_target(drafter, target)  # after the head, which may read its weights
     selection = (spec.selection or options.selection) if spec.method == "dcoco" else None
     return HeadProposer(
         drafter, head, num_draft_tokens, name=method, selection=selection, acceptance_prior=prior
     )
+
+
+def _matmul_like_target(drafter, target: TargetModel):
+    """The drafter's linear layers on the target's matmul kernel (its head is the target's own);
+    the draft heads keep aten's, as they read their weights directly."""
+    if target.matmul == "onednn":
+        pack_linears(drafter)
+    return drafter

@@ -237,7 +237,7 @@ class BlockDrafter(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.fc.weight.dtype
+        return self.norm.weight.dtype  # not a linear's: decoding may swap those for packed ones
 
     def embed(self, ids: Tensor) -> Tensor:
         """[batch, tokens] ids -> [batch, tokens, hidden] with the target's embedding."""

@@ -5,13 +5,14 @@
 # interleaves the methods prompt by prompt. Always --resume: rerun the script to continue a run
 # that was stopped; it ends by rebuilding report.md and the plots from every shard's samples.
 #
-# Usage: scripts/reproduce/bench_ten_suites.sh   (env: METHODS, RUN, LIMIT, MAX_TOKENS, TEMPS,
-#                                                 DRAFTS, SHARDS, THREADS, LOGS)
+# Usage: scripts/reproduce/bench_ten_suites.sh   (env: METHODS, RUN, SUITES, LIMIT, MAX_TOKENS,
+#                                                 TEMPS, DRAFTS, SHARDS, THREADS, LOGS)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 make -s venv
 METHODS=${METHODS:-plain,pld,dflash,dcoco,dspark,domino}
 RUN=${RUN:-smollm2-ten-suites}
+SUITES=${SUITES:-all}        # or a comma list, e.g. gsm8k,humaneval,mtbench
 LIMIT=${LIMIT:-10}           # prompts per suite (MT-Bench: two turns each)
 MAX_TOKENS=${MAX_TOKENS:-256}
 TEMPS=${TEMPS:-0,1}
@@ -23,7 +24,7 @@ mkdir -p "$LOGS"
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true' INT TERM
 for ((shard = 0; shard < SHARDS; shard++)); do
-  .venv/bin/dcoco bench --methods "$METHODS" --suites all --limit "$LIMIT" \
+  .venv/bin/dcoco bench --methods "$METHODS" --suites "$SUITES" --limit "$LIMIT" \
       --max-new-tokens "$MAX_TOKENS" --temperatures "$TEMPS" --num-draft-tokens "$DRAFTS" \
       --run-name "$RUN" --resume --no-plots --shards "$SHARDS" --shard "$shard" \
       --threads "$THREADS" > "$LOGS/bench-ten-$shard.log" 2>&1 &
