@@ -3,10 +3,13 @@ drafter does, and τ is the mean accepted prefix + 1."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from dcoco.data.distill import Sample
+from dcoco.errors import DcocoError
 from dcoco.eval.heldout import HeldoutConfig, markdown_table, measure
 from dcoco.models.corrector import Corrector, CorrectorConfig
 from dcoco.models.drafter import BlockDrafter, DrafterConfig
@@ -47,7 +50,7 @@ def test_heldout_reuses_rows_of_an_earlier_run_with_the_same_settings(tmp_path):
     import json
     from dataclasses import asdict
 
-    from dcoco.eval.heldout import JSON_FILE, _earlier_rows
+    from dcoco.eval.heldout import JSON_FILE, _earlier_rows, _weights_digest
 
     config = HeldoutConfig(methods=("dflash",), out=str(tmp_path))
     row = {"blocks": 1, "tau": {"3": 1.5, "15": 1.5}, "per_position": [0.5]}
@@ -58,9 +61,30 @@ def test_heldout_reuses_rows_of_an_earlier_run_with_the_same_settings(tmp_path):
     assert _earlier_rows(tmp_path / JSON_FILE, wider) == {"dspark": row}
     other = HeldoutConfig(methods=("dflash", "dspark"), out=str(tmp_path), anchors_per_seq=8)
     assert _earlier_rows(tmp_path / JSON_FILE, other) == {}  # other blocks: measure again
-    assert measure(wider, target=object(), samples=[], done={"dflash": row, "dspark": row})[
-        "methods"
-    ] == {"dflash": row, "dspark": row}
+    checkpoints = {}
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(name.encode() * 100)
+        checkpoints[name] = f"dflash@{tmp_path / name}"
+    specs = HeldoutConfig(methods=tuple(checkpoints.values()), out=str(tmp_path))
+    stub = SimpleNamespace(name="no-such-target")  # checkpoints are given by path
+    done = {m: {**row, "weights": _weights_digest(m, stub)} for m in checkpoints.values()}
+    assert measure(specs, target=stub, samples=[], done=done)["methods"] == done
+
+
+def test_heldout_measures_a_retrained_checkpoint_again(tmp_path):
+    """A row is reused only for the same weights: a checkpoint retrained under the same name (the
+    shipped `dflash` replaced by a better drafter) must not keep the old drafter's row."""
+    from dcoco.eval.heldout import _weights_digest
+
+    (tmp_path / "model.safetensors").write_bytes(b"old weights")
+    method, stub = f"dflash@{tmp_path}", SimpleNamespace(name="no-such-target")
+    before = _weights_digest(method, stub)
+    (tmp_path / "model.safetensors").write_bytes(b"new weights")
+    assert _weights_digest(method, stub) != before
+    done = {method: {"blocks": 1, "weights": before}}
+    with pytest.raises(DcocoError, match="has no config.json"):  # not reused: it loads the dir
+        measure(HeldoutConfig(methods=(method,)), target=stub, samples=[], done=done)
 
 
 def test_heldout_adds_the_count_bigram_on_the_same_blocks(tiny_llama_target, tmp_path):

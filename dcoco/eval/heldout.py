@@ -15,6 +15,7 @@ see eval/bench_corpus.py), with a row per suite as well.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from dataclasses import asdict, dataclass
@@ -27,8 +28,15 @@ from tqdm import tqdm
 from dcoco.config import Command
 from dcoco.data.bigram import CountBigram
 from dcoco.data.distill import load_corpus, split_heldout
-from dcoco.decode.methods import MethodOptions, build_proposer, check_method
+from dcoco.decode.methods import (
+    MethodOptions,
+    build_proposer,
+    check_method,
+    checkpoint_dir,
+    parse_method,
+)
 from dcoco.errors import DcocoError
+from dcoco.models.drafter_io import WEIGHTS_FILE
 from dcoco.models.heads import select_draft
 from dcoco.models.loading import DEFAULT_TARGET, load_target
 from dcoco.paths import default_corpus, portable_record
@@ -109,7 +117,8 @@ def measure(
     if done and BIGRAM in done:
         bigram_split = None
     for method in methods:
-        if done and method in done:
+        weights = _weights_digest(method, target)
+        if done and done.get(method, {}).get("weights") == weights:
             rows[method] = done[method]
             continue
         proposer = build_proposer(method, target, MethodOptions())
@@ -121,11 +130,25 @@ def measure(
             bigram = CountBigram(bigram_split, slots, proposer.drafter.config.vocab_size)
             bigram_split = None
         rows[method], bigram_row = _accept(proposer, target, samples, config, bigram)
+        rows[method]["weights"] = weights
         if bigram_row is not None:
             rows[BIGRAM] = bigram_row
     if done and BIGRAM in done:
         rows[BIGRAM] = done[BIGRAM]
     return {"config": asdict(config), "sequences": len(samples), "methods": rows}
+
+
+def _weights_digest(method: str, target) -> str:
+    """A digest of the method's checkpoint weights: an earlier row is reused only for the same
+    weights, so a checkpoint retrained under the same name is measured again."""
+    path = checkpoint_dir(parse_method(method), target, MethodOptions()) / WEIGHTS_FILE
+    if not path.is_file():
+        return ""  # build_proposer says what is missing
+    digest = hashlib.sha256()
+    with path.open("rb") as weights:
+        for chunk in iter(lambda: weights.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()[:16]
 
 
 def _corpus_split(config: HeldoutConfig, vocab_size: int) -> tuple[list | None, list | None]:
