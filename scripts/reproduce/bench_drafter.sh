@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# results/smollm2-dflash-t0: plain vs the stage-0 drafter (then shipped as dflash), 20 prompts each
+# results/smollm2-dflash-t0: plain vs the stage-0 drafter (then the base of dflash-b16), 20 prompts each
 # of gsm8k, humaneval, mtbench, T=0, 256 new tokens.
 # Usage: scripts/reproduce/bench_drafter.sh [EXTRA BENCH FLAGS]
 set -euo pipefail

@@ -7,6 +7,6 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 make -s venv
 DCOCO=${DCOCO:-.venv/bin/dcoco}
-METHODS=${METHODS:-plain,dflash,dcoco@dcoco-dropin,dcoco}
+METHODS=${METHODS:-plain,dflash@dflash-b16,dcoco@dcoco-dropin-b16,dcoco}
 "$DCOCO" bench --methods "$METHODS" --suites gsm8k,humaneval,mtbench --limit 20 \
   --max-new-tokens 256 --temperatures 0 --num-draft-tokens 3 --run-name smollm2-heads-t0 "$@"

@@ -8,6 +8,6 @@ make -s venv
 DCOCO=${DCOCO:-.venv/bin/dcoco}
 OUT=results/smollm2-heads-compare
 mkdir -p "$OUT"
-"$DCOCO" compare --methods plain,dflash,dcoco@dcoco-dropin,dcoco,dspark,domino --limit 3 \
-  --max-new-tokens 96 --num-draft-tokens 3 --threads 1 --output "$OUT/compare.json" \
+"$DCOCO" compare --methods plain,dflash@dflash-b16,dcoco@dcoco-dropin-b16,dcoco,dspark,domino \
+  --limit 3 --max-new-tokens 96 --num-draft-tokens 3 --threads 1 --output "$OUT/compare.json" \
   2>&1 | tee "$OUT/compare.log"

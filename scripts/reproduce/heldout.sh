@@ -6,8 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 make -s venv
 DCOCO=${DCOCO:-.venv/bin/dcoco}
-DEFAULT=dflash@dflash-base,dflash,dcoco,dcoco@dcoco-dropin,dcoco:global@dcoco-dropin
-DEFAULT+=,dcoco:discounted@dcoco-dropin,dcoco@runs/dcoco-nopair/dcoco
-DEFAULT+=,dcoco@runs/dcoco-nocand/dcoco,dspark,domino
+DEFAULT=dflash@dflash-base,dflash@dflash-b16,dcoco,dcoco@dcoco-dropin-b16
+DEFAULT+=,dcoco:global@dcoco-dropin-b16,dcoco:discounted@dcoco-dropin-b16
+DEFAULT+=,dcoco@runs/dcoco-nopair/dcoco,dcoco@runs/dcoco-nocand/dcoco,dspark,domino
 "$DCOCO" heldout --methods "${METHODS:-$DEFAULT}" --feature-cache runs/features \
   --out results/smollm2-heldout

@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 make -s venv
 DCOCO=${DCOCO:-.venv/bin/dcoco}
-DEFAULT=dflash,dcoco@dcoco-dropin,dcoco:global@dcoco-dropin,dcoco:discounted@dcoco-dropin
+DEFAULT=dflash@dflash-b16,dcoco@dcoco-dropin-b16,dcoco:global@dcoco-dropin-b16
+DEFAULT+=,dcoco:discounted@dcoco-dropin-b16
 DEFAULT+=,dcoco@runs/dcoco-nopair/dcoco,dcoco@runs/dcoco-nocand/dcoco,dcoco
 "$DCOCO" heldout --methods "${METHODS:-$DEFAULT}" --bench-run results/smollm2-heads-t0 \
   --anchors-per-seq 64 --slots 3,15 --feature-cache runs/features-bench \

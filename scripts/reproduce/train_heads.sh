@@ -5,8 +5,8 @@
 # dflash / dcoco-joint / the drop-in heads compare at the same training budget.
 #
 #   stage 0 (train_drafter.sh): the base drafter, 400 steps            -> checkpoints/.../dflash-base
-#   stage 1: the base drafter trained on           STEPS more steps     -> dflash (the baseline)
-#   stage 2: the DCOCO corrector, drop-in over the frozen stage-1 drafter -> dcoco-dropin
+#   stage 1: the base drafter trained on STEPS more steps -> dflash-b16 (the baseline)
+#   stage 2: the DCOCO corrector, drop-in over the frozen stage-1 drafter -> dcoco-dropin-b16
 #   stage 3: base drafter + DCOCO corrector, joint, STEPS steps            -> dcoco
 #   stage 4: the sequential heads, drop-in like stage 2                    -> dspark, domino
 #   stage 5: the corrector ablations, drop-in (no pair state, no candidate representation)

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# checkpoints/smollm2-135m-instruct/dcoco-dropin: the DCOCO corrector trained as a drop-in over the
+# frozen shipped drafter (checkpoints/.../dflash, from train_drafter_b8.sh), on the same feature
+# cache, then its held-out τ against the drafter alone on the same blocks (results/smollm2-dropin).
+# Resumable: rerun after a kill.
+# Usage: scripts/reproduce/train_dropin.sh   (env: RUN, STEPS, THREADS, DCOCO)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+make -s venv
+DCOCO=${DCOCO:-.venv/bin/dcoco}
+CACHE=${DCOCO_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dcoco}
+RUN=${RUN:-$CACHE/runs/dcoco-dropin-b8}
+DRAFTER=checkpoints/smollm2-135m-instruct/dflash
+DEST=checkpoints/smollm2-135m-instruct/dcoco-dropin
+[ -f "$RUN/dcoco/provenance.json" ] ||
+  "$DCOCO" train-corrector --head dcoco --mode dropin --init "$DRAFTER" --out "$RUN" --lr 3e-3 \
+    --batch-size 4 --anchors-per-seq 64 --loss-vocab 16000 --seed 1 --target-dtype bf16 \
+    --autocast --max-steps "${STEPS:-240}" --eval-every 60 --save-every 20 --heldout 32 \
+    --threads "${THREADS:-2}"
+mkdir -p "$DEST"
+cp "$RUN"/dcoco/* "$RUN/train_log.jsonl" "$DEST/"
+"$DCOCO" heldout --methods dflash,dcoco@dcoco-dropin --slots 3,7 --dtype bf16 \
+  --threads "${THREADS:-2}" --out results/smollm2-dropin
