@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from dcoco.errors import DcocoError
+from dcoco.models.precision import replace_linears
 
 MATMULS = ("auto", "aten", "onednn")
 PACKABLE = (torch.float32, torch.bfloat16)  # the dtypes oneDNN's prepacked linear takes
@@ -78,8 +79,4 @@ class PackedLinear(nn.Module):
 def pack_linears(model: nn.Module) -> nn.Module:
     """Replace every nn.Linear of `model` in place; a tied LM head gets its own packed copy (the
     embedding keeps its rows for the lookup)."""
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(module, name, PackedLinear(child))
-    return model
+    return replace_linears(model, PackedLinear)

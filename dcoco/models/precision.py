@@ -75,8 +75,13 @@ def quantise_int8_weights(model: nn.Module) -> nn.Module:
     its bf16 rows for the lookup)."""
     if next(model.parameters()).device.type != "cpu":
         raise DcocoError("dtype int8 is a CPU precision (torch._weight_int8pack_mm); use bf16")
+    return replace_linears(model, Int8WeightLinear)
+
+
+def replace_linears(model: nn.Module, make) -> nn.Module:
+    """Swap every nn.Linear of `model` in place for `make(linear)`."""
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(module, name, Int8WeightLinear(child))
+                setattr(module, name, make(child))
     return model
