@@ -32,6 +32,9 @@ def test_anchor_rule_visits_every_reply_position_over_stride_epochs():
     assert all(not (a & b) for i, a in enumerate(epochs) for b in epochs[i + 1 :])  # disjoint
     assert set().union(*epochs) == set(range(5, sample.num_tokens - 8 + 1))
     assert epochs[0] == set(rule.anchors(sample, 8, 4, None).tolist())  # period = stride
+    # A run seeded 2 starts where a seed-0 run's third epoch would.
+    shifted = AnchorRule(per_seq=0, stride=4, shift=2)
+    assert set(shifted.anchors(sample, 8, 0, None).tolist()) == epochs[2]
 
 
 def test_overlapping_blocks_see_neither_each_other_nor_their_anchor_feature(setup):  # noqa: F811

@@ -87,10 +87,13 @@ class Item:
 @dataclass(frozen=True)
 class AnchorRule:
     """Which blocks of a sequence a pass trains on: `per_seq` random anchors, or with `stride`
-    > 0 every stride-th reply position, shifted by one each epoch (dense anchors)."""
+    > 0 every stride-th reply position, shifted by one each epoch (dense anchors). `shift` (the
+    run's seed) moves the first epoch's offset, so a later stage run with another seed starts on
+    the positions its init's epochs did not use."""
 
     per_seq: int
     stride: int = 0
+    shift: int = 0
 
     def anchors(self, sample: Sample, block_size: int, epoch: int, generator) -> Tensor:
         loss_mask = torch.zeros(sample.num_tokens, dtype=torch.bool)
@@ -99,7 +102,9 @@ class AnchorRule:
             return sample_anchors(loss_mask, self.per_seq, block_size, generator)
         # A per-record phase, so one epoch's blocks do not all sit at the same reply offsets.
         phase = int(hashlib.sha1(sample.id.encode()).hexdigest()[:8], 16)
-        return strided_anchors(loss_mask, self.stride, (phase + epoch) % self.stride, block_size)
+        return strided_anchors(
+            loss_mask, self.stride, (phase + self.shift + epoch) % self.stride, block_size
+        )
 
 
 def prepare_item(

@@ -53,6 +53,7 @@ class DrafterTrainConfig:
     feature_cache: str = ""
     init: str = ""
     init_from_target: bool = False
+    add_layers: int = 0
     loss_vocab: int = 0
     anchor_chunk: int = 32
 
@@ -67,6 +68,8 @@ class DrafterTrainConfig:
             "window_doubling_steps",
         ]
         bad = [name for name in positive if getattr(self, name) < 1]
+        if self.add_layers and not self.init:
+            raise DcocoError("--add-layers grows an --init drafter: pass the checkpoint to grow")
         if bad or self.block_size < 2 or self.gamma <= 0 or self.lr <= 0:
             raise DcocoError(
                 f"bad training settings: {', '.join(bad) or 'block size/gamma/lr'} out of range "
@@ -85,7 +88,8 @@ HELPS = {
     "weight_decay": "AdamW weight decay",
     "warmup_ratio": "share of the steps spent warming the learning rate up",
     "grad_clip": "clip the gradient norm to this",
-    "seed": "seed of the init, the batch order and the anchors",
+    "seed": "seed of the init, the batch order and the anchors (with --anchor-stride, the first "
+    "epoch's offset: a later stage with another seed trains on positions its init did not)",
     "mask_token_id": "target vocab row used as the MASK input (an id the target never emits); "
     "-1 = the target's own (dcoco.models.loading.EMBEDDED_TARGETS)",
     "taps": "target layers to tap, comma-separated; empty = the target's own, else DFlash's rule "
@@ -116,9 +120,12 @@ HELPS = {
     "feature_cache": "root of the target-feature cache (memory-mapped bf16 shards per corpus "
     "part, built where missing); empty = the cache dir ($DCOCO_CACHE_DIR); off = recompute "
     "every step",
-    "init": "start from this drafter checkpoint (its shape overrides the shape flags)",
+    "init": "start from this drafter checkpoint (its shape overrides the shape flags; see "
+    "--add-layers)",
     "init_from_target": "start a fresh drafter from the target's last layers, final norm and "
     "deepest tap (dcoco.train.warm_start) instead of a random init",
+    "add_layers": "append N layers to the --init drafter, their residual writes zeroed so training "
+    "starts from its exact function (dcoco.train.grow): more capacity without redoing its training",
     "loss_vocab": "train the loss over the N most frequent reply tokens of the corpus (a CPU "
     "speed-up: the full head is most of a step); 0 = the full vocabulary. Evaluation and "
     "decoding always use the full vocabulary",

@@ -33,6 +33,7 @@ from dcoco.train.block_pass import (
 )
 from dcoco.train.blocks import slot_weights
 from dcoco.train.feature_cache import open_features
+from dcoco.train.grow import grow_drafter
 from dcoco.train.run_dir import RunDir
 from dcoco.train.run_end import finish_run, save_artefact, write_provenance
 from dcoco.train.run_state import HeadSetup, Run
@@ -96,7 +97,7 @@ def setup(config, target, samples, head_setup: HeadSetup | None) -> Run:
     features = open_features(
         config, target, drafter.config.target_layer_ids, samples if from_corpus else None
     )
-    rule = AnchorRule(config.anchors_per_seq, config.anchor_stride)
+    rule = AnchorRule(config.anchors_per_seq, config.anchor_stride, config.seed)
     run = Run(
         config=config,
         target=target,
@@ -211,7 +212,7 @@ def _initial_drafter(config, target) -> BlockDrafter:
     """A fresh fp32 drafter shaped by the flags, or the weights of `config.init`."""
     if config.init:
         drafter = load_drafter(config.init, target, dtype=torch.float32)
-        return drafter.requires_grad_(True)
+        return grow_drafter(drafter, config.add_layers, config.seed).requires_grad_(True)
     drafter_config = DrafterConfig.for_target(
         target, config.num_layers, config.block_size, config.mask_token_id, config.taps or None
     )
