@@ -10,7 +10,7 @@ import torch
 
 from dcoco.data.distill import Sample
 from dcoco.errors import DcocoError
-from dcoco.eval.heldout import HeldoutConfig, markdown_table, measure
+from dcoco.eval.heldout import HeldoutConfig, _label, markdown_table, measure
 from dcoco.models.corrector import Corrector, CorrectorConfig
 from dcoco.models.drafter import BlockDrafter, DrafterConfig
 from dcoco.models.head_io import save_with_head
@@ -38,12 +38,25 @@ def test_heldout_compares_methods_on_the_same_blocks(tiny_llama_target, tmp_path
     )  # fmt: skip
     result = measure(settings, target=target, samples=samples)
     rows = result["methods"]
-    assert rows[f"dflash@{path}"] == rows[f"dcoco@{path}"]  # zero-init head: the drafter's draft
+    assert rows[_label(f"dflash@{path}")] == rows[_label(f"dcoco@{path}")]  # zero-init head
     for row in rows.values():
         assert row["blocks"] == 4 * 14  # anchors 6 .. 19 of 24 tokens: every full block
         assert row["tau"]["1"] == pytest.approx(1 + row["per_position"][0], abs=1e-4)
         assert row["tau"]["1"] <= row["tau"]["2"] <= row["tau"]["4"] <= 5
-    assert f"| dcoco@{path} |" in markdown_table(result)
+    assert f"| {_label(f'dcoco@{path}')} |" in markdown_table(result)
+
+
+def test_rows_name_checkpoints_without_this_machines_paths(tmp_path, monkeypatch):
+    monkeypatch.setenv("DCOCO_CACHE_DIR", str(tmp_path / "cache"))
+    run = tmp_path / "cache" / "runs" / "x" / "snapshot"
+    assert _label(f"dflash@{run}") == "dflash@$DCOCO_CACHE_DIR/runs/x/snapshot"
+    assert _label(f"dcoco:global@{run}") == "dcoco:global@$DCOCO_CACHE_DIR/runs/x/snapshot"
+    assert _label("dflash@dflash-b16") == "dflash@dflash-b16" and _label("dflash") == "dflash"
+    assert not _label(f"dflash@{tmp_path / 'elsewhere'}").startswith("dflash@/")
+    stub = SimpleNamespace(name="no-such-target")
+    done = {_label(f"dflash@{run}"): {"blocks": 1, "weights": ""}}  # no checkpoint there
+    result = measure(HeldoutConfig(methods=(f"dflash@{run}",)), stub, samples=[], done=done)
+    assert result["config"]["methods"] == ["dflash@$DCOCO_CACHE_DIR/runs/x/snapshot"]
 
 
 def test_heldout_reuses_rows_of_an_earlier_run_with_the_same_settings(tmp_path):
@@ -68,7 +81,7 @@ def test_heldout_reuses_rows_of_an_earlier_run_with_the_same_settings(tmp_path):
         checkpoints[name] = f"dflash@{tmp_path / name}"
     specs = HeldoutConfig(methods=tuple(checkpoints.values()), out=str(tmp_path))
     stub = SimpleNamespace(name="no-such-target")  # checkpoints are given by path
-    done = {m: {**row, "weights": _weights_digest(m, stub)} for m in checkpoints.values()}
+    done = {_label(m): {**row, "weights": _weights_digest(m, stub)} for m in checkpoints.values()}
     assert measure(specs, target=stub, samples=[], done=done)["methods"] == done
 
 
@@ -82,7 +95,7 @@ def test_heldout_measures_a_retrained_checkpoint_again(tmp_path):
     before = _weights_digest(method, stub)
     (tmp_path / "model.safetensors").write_bytes(b"new weights")
     assert _weights_digest(method, stub) != before
-    done = {method: {"blocks": 1, "weights": before}}
+    done = {_label(method): {"blocks": 1, "weights": before}}
     with pytest.raises(DcocoError, match="has no config.json"):  # not reused: it loads the dir
         measure(HeldoutConfig(methods=(method,)), target=stub, samples=[], done=done)
 
@@ -104,7 +117,7 @@ def test_heldout_adds_the_count_bigram_on_the_same_blocks(tiny_llama_target, tmp
     records = [Sample(f"c{i}", (5, 6), tuple((cycle[i:] + cycle[:i]) * 3)) for i in range(10)]
     settings = HeldoutConfig(methods=(f"dflash@{path}",), slots=(1, 3), anchors_per_seq=0)
     result = measure(settings, target=target, samples=records[:2], bigram_split=records[2:])
-    bigram, drafter = result["methods"]["count bigram"], result["methods"][f"dflash@{path}"]
+    bigram, drafter = result["methods"]["count bigram"], result["methods"][_label(f"dflash@{path}")]
     assert bigram["blocks"] == drafter["blocks"] == 2 * 27  # the very same blocks
     assert bigram["tau"] == {"1": 2.0, "3": 4.0} and bigram["per_position"] == [1.0, 1.0, 1.0]
     assert drafter["tau"]["3"] < 2.0  # an untrained drafter is far below the table

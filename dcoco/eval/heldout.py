@@ -39,7 +39,7 @@ from dcoco.errors import DcocoError
 from dcoco.models.drafter_io import WEIGHTS_FILE
 from dcoco.models.heads import select_draft
 from dcoco.models.loading import DEFAULT_TARGET, load_target
-from dcoco.paths import default_corpus, portable_record
+from dcoco.paths import default_corpus, portable, portable_record
 from dcoco.train.block_pass import AnchorRule, block_chunks, prepare_item
 from dcoco.train.target_features import TargetFeatures
 
@@ -118,8 +118,9 @@ def measure(
         bigram_split = None
     for method in methods:
         weights = _weights_digest(method, target)
-        if done and done.get(method, {}).get("weights") == weights:
-            rows[method] = done[method]
+        label = _label(method)
+        if done and done.get(label, {}).get("weights") == weights:
+            rows[label] = done[label]
             continue
         proposer = build_proposer(method, target, MethodOptions())
         if proposer is None or not hasattr(proposer, "drafter"):
@@ -129,13 +130,23 @@ def measure(
             slots = proposer.drafter.config.block_size - 1
             bigram = CountBigram(bigram_split, slots, proposer.drafter.config.vocab_size)
             bigram_split = None
-        rows[method], bigram_row = _accept(proposer, target, samples, config, bigram)
-        rows[method]["weights"] = weights
+        rows[label], bigram_row = _accept(proposer, target, samples, config, bigram)
+        rows[label]["weights"] = weights
         if bigram_row is not None:
             rows[BIGRAM] = bigram_row
     if done and BIGRAM in done:
         rows[BIGRAM] = done[BIGRAM]
-    return {"config": asdict(config), "sequences": len(samples), "methods": rows}
+    record = {**asdict(config), "methods": [_label(m) for m in methods]}
+    return {"config": record, "sequences": len(samples), "methods": rows}
+
+
+def _label(method: str) -> str:
+    """The row name: the spec, with a checkpoint path under the cache or the checkout written
+    portably (`dflash@$DCOCO_CACHE_DIR/runs/x/snapshot`), so results name no machine's paths."""
+    checkpoint = parse_method(method).checkpoint
+    if not checkpoint or not Path(checkpoint).expanduser().is_absolute():
+        return method
+    return method.replace(checkpoint, portable(Path(checkpoint).expanduser()))
 
 
 def _weights_digest(method: str, target) -> str:
