@@ -7,15 +7,19 @@
 #      doubling every 250 steps): the best of the measured variants
 #      (results/smollm2-drafter-variants);
 #   2. from stage 1, every part of the corpus present (it grows), full context, lr 1e-3,
-#      STAGE2_STEPS steps (default 16,000, 1.2 epochs of 13.6k records: 75 min on 2 idle cores).
+#      STAGE2_STEPS steps (default 16,000, 1.2 epochs of 13.6k records: 75 min on 2 idle cores);
+#   3. from stage 2, a second cosine cycle on the anchor offsets stage 2 did not use (seed 2, lr
+#      6e-4, 9,000 steps, one thread): the `continue` run of scripts/reproduce/drafter_grow.sh,
+#      which beat growing to 4 layers on the same wall-clock (results/smollm2-drafter-grow).
 # The first run builds the feature cache (about 70 min on 2 idle cores for 4M tokens; parts added
-# later are cached on their own). Both stages resume after a kill: rerun the same command. Runs
+# later are cached on their own). Every stage resumes after a kill: rerun the same command. Runs
 # live under the cache dir, which outlives the checkout.
 # Usage: scripts/reproduce/train_drafter_b8.sh        train (or continue)
-#        scripts/reproduce/train_drafter_b8.sh ship   copy stage 2's latest snapshot and its log
-#                                                     into checkpoints/ (end of a working session)
-#                                                     and plot both stages' held-out curves
-# env: RUN (stage-2 run dir; stage 1 is beside it, suffix -1344-cw), THREADS, STAGE2_STEPS, DCOCO
+#        scripts/reproduce/train_drafter_b8.sh ship   copy stage 3's latest snapshot and the three
+#                                                     logs into checkpoints/ (end of a working
+#                                                     session) and plot the held-out curves
+# env: RUN (stage-2 run dir; stage 1 is beside it, suffix -1344-cw, stage 3 under -stage3/),
+#      THREADS, STAGE2_STEPS, DCOCO
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 make -s venv
@@ -23,14 +27,16 @@ DCOCO=${DCOCO:-.venv/bin/dcoco}
 CACHE=${DCOCO_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dcoco}
 RUN=${RUN:-$CACHE/runs/drafter-smollm2-b8-full}
 STAGE1=${RUN%-full}-1344-cw
+STAGE3=${RUN%-full}-stage3/continue  # drafter_grow.sh's RUNS default, its `continue` run
 DEST=checkpoints/smollm2-135m-instruct/dflash
 COMMON=(--loss-vocab 16000 --autocast --target-dtype bf16 --batch-size 1 --anchor-stride 4
   --heldout 32 --threads "${THREADS:-2}")
 if [[ "${1:-}" == ship ]]; then
   mkdir -p "$DEST"
-  cp "$RUN"/snapshot/* "$RUN/train_log.jsonl" "$DEST/"
-  cp "$STAGE1/train_log.jsonl" "$DEST/stage1_train_log.jsonl"  # where the init came from
-  "$DCOCO" train-curves "$STAGE1,$RUN" --out results/smollm2-drafter-b8
+  cp "$STAGE3"/snapshot/* "$STAGE3/train_log.jsonl" "$DEST/"
+  cp "$RUN/train_log.jsonl" "$DEST/stage2_train_log.jsonl"  # where the inits came from
+  cp "$STAGE1/train_log.jsonl" "$DEST/stage1_train_log.jsonl"
+  "$DCOCO" train-curves "$STAGE1,$RUN,$STAGE3" --out results/smollm2-drafter-b8
   exit 0
 fi
 stage1_done() {  # its snapshot is the last step's
@@ -44,3 +50,5 @@ if ! stage1_done; then
 fi
 "$DCOCO" train-drafter --out "$RUN" --init "$STAGE1/snapshot" --max-steps "${STAGE2_STEPS:-16000}" \
   --lr 1e-3 --warmup-ratio 0.02 --eval-every 1000 --save-every 200 "${COMMON[@]}"
+INIT="$RUN/snapshot" RUNS="${STAGE3%/continue}" VARIANTS=continue THREADS="${THREADS:-2}" \
+  scripts/reproduce/drafter_grow.sh

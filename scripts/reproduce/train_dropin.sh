@@ -9,8 +9,9 @@ cd "$(dirname "$0")/../.."
 make -s venv
 DCOCO=${DCOCO:-.venv/bin/dcoco}
 CACHE=${DCOCO_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dcoco}
-RUN=${RUN:-$CACHE/runs/dcoco-dropin-b8}
 DRAFTER=checkpoints/smollm2-135m-instruct/dflash
+# One run per drafter: a new `dflash` must not find the finished run of the one it replaced.
+RUN=${RUN:-$CACHE/runs/dcoco-dropin-$(sha256sum "$DRAFTER/model.safetensors" | cut -c1-12)}
 DEST=checkpoints/smollm2-135m-instruct/dcoco-dropin
 [ -f "$RUN/dcoco/provenance.json" ] ||
   "$DCOCO" train-corrector --head dcoco --mode dropin --init "$DRAFTER" --out "$RUN" --lr 3e-3 \
