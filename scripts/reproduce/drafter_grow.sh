@@ -23,13 +23,15 @@ common=(--init "$INIT" --loss-vocab 16000 --autocast --target-dtype bf16 --batch
   --eval-every 500 --save-every 200 --seed 2)  # seed 2: the anchor offsets stage 2 (seed 0,
 # 1.2 epochs at stride 4: offsets 0 and 1) did not use, and another batch order
 variant() { local name=$1; shift; "$DCOCO" train-drafter --out "$RUNS/$name" "${common[@]}" "$@"; }
+pids=()
 for name in ${VARIANTS:-continue grow2}; do
   case $name in
     continue) variant continue --max-steps "${CONTINUE_STEPS:-9000}" & ;;
     grow2) variant grow2 --add-layers 2 --max-steps "${GROW_STEPS:-5000}" & ;;
     *) echo "unknown variant $name" >&2; exit 2 ;;
   esac
+  pids+=($!)
 done
-wait
+for pid in "${pids[@]}"; do wait "$pid"; done  # a failed run stops the script (set -e)
 [[ -n "${VARIANTS:-}" ]] || "$DCOCO" train-curves "$RUNS/continue,$RUNS/grow2" \
   --out results/smollm2-drafter-grow
