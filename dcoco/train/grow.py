@@ -1,8 +1,9 @@
 """Growing a trained drafter by layers (`train-drafter --init D --add-layers N`).
 
-A drafter trained to a plateau that still fits its held-out blocks about as well as its training
-blocks is short of capacity, not of data. Training a deeper one from scratch would repeat the
-whole curriculum; instead the new layers go on top of the trained ones with their two residual
+A drafter whose training and held-out acceptance agree may be short of capacity (or only of
+training: on the SmolLM2 drafter more passes beat 2 more layers on the same wall-clock,
+results/smollm2-drafter-grow). Training a deeper one from scratch would repeat the whole
+curriculum; instead the new layers go on top of the trained ones with their two residual
 writes (attention `o_proj`, MLP `down_proj`) zeroed, so the grown drafter starts as exactly the
 trained one's function and the new layers learn what the old ones could not hold. Their other
 weights keep the fresh init: with a zero write the layer's input gradients vanish only for the
