@@ -265,6 +265,11 @@ def test_serve_command_plain_and_bad_setups(serve_dirs):
     )
     with pytest.raises(DcocoError, match=f"1..{slots}"):
         build_command(too_many)
+    config = json.loads((drafter / "config.json").read_text())
+    config["dcoco"]["copy_hints"] = True  # vLLM would feed it MASK slots: refused
+    (drafter / "config.json").write_text(json.dumps(config))
+    with pytest.raises(DcocoError, match="copy-hint drafter"):
+        build_command(ServeConfig(target=str(target), checkpoint=str(drafter)))
 
 
 def test_serve_takes_method_specs_with_a_selection_and_a_checkpoint(

@@ -6,11 +6,13 @@ taps of the tokens committed since the previous call, and `draft()` crops the bl
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from dcoco.contracts import Proposal
 from dcoco.decode.proposers import DraftContext
 from dcoco.errors import DcocoError
+from dcoco.models.copy_hints import context_hints
 from dcoco.models.drafter import BlockDrafter
 
 
@@ -47,6 +49,11 @@ class DFlashProposer:
         if context.new_features is None:
             raise ValueError(f"the {self.name} proposer needs the target's tapped features")
         limit = min(self.num_draft_tokens, context.max_slots)
+        hints = None
+        if self.drafter.config.copy_hints:  # every slot's, as in training, not only the proposed
+            slots = self.drafter.config.block_size - 1
+            hints = torch.tensor([context_hints(context.tokens.tolist(), slots)])
+            hints = hints.to(context.tokens.device)  # [1, block - 1]
         return self.drafter.draft(
-            context.tokens[-1:], context.new_features, self.cache, num_slots=limit
+            context.tokens[-1:], context.new_features, self.cache, num_slots=limit, hint_ids=hints
         )

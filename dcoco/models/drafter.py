@@ -52,6 +52,7 @@ class DrafterConfig:
     num_target_layers: int
     num_layers: int = 2
     block_size: int = 16
+    copy_hints: bool = False  # mask slots read prompt lookup's tokens (dcoco.models.copy_hints)
 
     @property
     def num_taps(self) -> int:
@@ -251,12 +252,15 @@ class BlockDrafter(nn.Module):
         rows = hidden.reshape(-1, hidden.shape[-1]).to(embed_tokens.weight.dtype).contiguous()
         return head(rows).reshape(*hidden.shape[:-1], -1)
 
-    def block_ids(self, anchor: Tensor) -> Tensor:
-        """[batch] anchor ids -> [batch, block] ids `[anchor, MASK, ..., MASK]`."""
+    def block_ids(self, anchor: Tensor, hint_ids: Tensor | None = None) -> Tensor:
+        """[batch] anchor ids -> [batch, block] ids `[anchor, MASK, ..., MASK]`, with the copy
+        hints `hint_ids` [batch, block - 1] (NO_HINT = keep MASK) in the mask slots if given."""
         block = anchor.new_full(
             (anchor.shape[0], self.config.block_size), self.config.mask_token_id
         )
         block[:, 0] = anchor
+        if hint_ids is not None:
+            block[:, 1:] = torch.where(hint_ids >= 0, hint_ids, block[:, 1:])
         return block
 
     def _rope_tables(self, positions: Tensor) -> tuple[Tensor, Tensor]:
@@ -307,6 +311,7 @@ class BlockDrafter(nn.Module):
         new_features: Tensor,  # [batch, tokens, taps * hidden]: taps at positions c .. s - 1
         cache: DynamicCache,  # context K/V of positions 0 .. c - 1
         num_slots: int | None = None,  # head only the first slots (the rest would go unused)
+        hint_ids: Tensor | None = None,  # [batch, block - 1] copy hints (config.copy_hints)
     ) -> tuple[Tensor, Tensor]:
         """Draft the block after `anchor`: fp32 logits [batch, slots, vocab] and hidden states
         [batch, slots, hidden] for the mask slots (positions s + 1 .. s + block_size - 1).
@@ -321,7 +326,7 @@ class BlockDrafter(nn.Module):
         block_positions = torch.arange(
             anchor_pos, anchor_pos + self.config.block_size, device=device
         ).expand(batch, -1)
-        block_embeds = self.embed(self.block_ids(anchor))
+        block_embeds = self.embed(self.block_ids(anchor, hint_ids))
         hidden = self.forward(
             block_embeds, new_features, context_positions, block_positions, cache=cache
         )

@@ -62,6 +62,8 @@ def config_to_hf(config: DrafterConfig, target_info, extra: dict | None = None) 
         },
         "dcoco": {
             "format_version": FORMAT_VERSION,
+            # vLLM's DFlash proposer feeds MASK slots: such a drafter runs in dcoco's engine only
+            "copy_hints": config.copy_hints,
             "target": {
                 "name": target_info.name,
                 "vocab_size": target_info.vocab_size,
@@ -97,6 +99,7 @@ def config_from_hf(hf: dict, where: str = CONFIG_FILE) -> DrafterConfig:
             num_target_layers=int(hf["num_target_layers"]),
             num_layers=int(hf["num_hidden_layers"]),
             block_size=int(hf.get("block_size", 16)),
+            copy_hints=bool((hf.get("dcoco") or {}).get("copy_hints", False)),
         )
     except (KeyError, TypeError, ValueError) as error:
         raise DcocoError(f"{where}: missing or bad drafter field ({error!r})") from error

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dcoco.data.distill import Sample
+from dcoco.models.copy_hints import hints_at, match_table
 from dcoco.models.drafter import BlockDrafter
 from dcoco.models.heads import HeadBatch
 from dcoco.train.blocks import (
@@ -132,10 +133,20 @@ def block_chunks(
     block_size = drafter.config.block_size
     ids = item.ids[None]  # [1, tokens]
     context_positions = torch.arange(ids.shape[1], device=ids.device)[None]
-    for anchors in item.anchors.split(chunk) if item.anchors.numel() else ():
+    anchor_chunks = item.anchors.split(chunk) if item.anchors.numel() else ()
+    hint_chunks = (
+        copy_hints_of(item, block_size).split(chunk)
+        if drafter.config.copy_hints and anchor_chunks
+        else [None] * len(anchor_chunks)
+    )  # [n, block - 1] each
+    for anchors, hints in zip(anchor_chunks, hint_chunks, strict=True):
         anchors = anchors[None]  # [1, n]
         block_ids, positions, labels = block_inputs_and_labels(
-            ids, anchors, block_size, drafter.config.mask_token_id
+            ids,
+            anchors,
+            block_size,
+            drafter.config.mask_token_id,
+            None if hints is None else hints[None],
         )
         mask = block_attention_mask(anchors, ids.shape[1], block_size, window=window)
         hidden = drafter(
@@ -147,6 +158,14 @@ def block_chunks(
             anchor_ids=block_ids.view(blocks, block_size)[:, 0],
             label_ids=labels.view(blocks, block_size)[:, 1:],
         )
+
+
+def copy_hints_of(item: Item, block_size: int) -> Tensor:
+    """[n, block - 1] copy hints of `item`'s blocks, from the tokens up to each anchor."""
+    ids = item.ids.tolist()
+    follow = match_table(ids)
+    rows = [hints_at(ids, follow, a, block_size - 1) for a in item.anchors.tolist()]
+    return torch.tensor(rows, dtype=torch.long, device=item.ids.device).view(-1, block_size - 1)
 
 
 @dataclass

@@ -56,11 +56,13 @@ def block_inputs_and_labels(
     anchors: Tensor,  # [batch, n]
     block_size: int,
     mask_token_id: int,
+    hint_ids: Tensor | None = None,  # [batch, n, block - 1] copy hints, < 0 = none
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Block ids, positions and same-position labels, each [batch, n * block].
 
-    Block j is `[x[a_j], MASK, ...]` at positions `a_j + 0 .. a_j + B-1`; slot k is labelled
-    `x[a_j + k]` (k >= 1) and slot 0 is IGNORE, as is any slot past the end of the sequence.
+    Block j is `[x[a_j], MASK, ...]` at positions `a_j + 0 .. a_j + B-1` (a slot with a copy
+    hint holds the hint instead of MASK); slot k is labelled `x[a_j + k]` (k >= 1) and slot 0 is
+    IGNORE, as is any slot past the end of the sequence.
     """
     offsets = torch.arange(block_size, device=anchors.device)
     positions = anchors[..., None] + offsets  # [batch, n, block]
@@ -70,6 +72,8 @@ def block_inputs_and_labels(
     labels[..., 0] = IGNORE
     block_ids = torch.full_like(positions, mask_token_id)
     block_ids[..., 0] = input_ids.gather(1, anchors)
+    if hint_ids is not None:
+        block_ids[..., 1:] = torch.where(hint_ids >= 0, hint_ids, block_ids[..., 1:])
     return block_ids.flatten(1), positions.flatten(1), labels.flatten(1)
 
 

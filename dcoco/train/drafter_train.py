@@ -56,6 +56,7 @@ class DrafterTrainConfig:
     add_layers: int = 0
     loss_vocab: int = 0
     anchor_chunk: int = 32
+    copy_hints: bool = False
 
     def __post_init__(self) -> None:
         positive = [
@@ -130,6 +131,9 @@ HELPS = {
     "speed-up: the full head is most of a step); 0 = the full vocabulary. Evaluation and "
     "decoding always use the full vocabulary",
     "anchor_chunk": "blocks per drafter forward (attention cost grows with its square)",
+    "copy_hints": "fill the mask slots with prompt lookup's tokens where it has a match "
+    "(dcoco.models.copy_hints), so the drafter learns when to copy; with --init, turns them on "
+    "for the init's weights. Such a drafter runs in dcoco's engine, not vLLM's DFlash proposer",
 }
 
 

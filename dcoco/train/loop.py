@@ -212,10 +212,13 @@ def _initial_drafter(config, target) -> BlockDrafter:
     """A fresh fp32 drafter shaped by the flags, or the weights of `config.init`."""
     if config.init:
         drafter = load_drafter(config.init, target, dtype=torch.float32)
+        if config.copy_hints:
+            drafter.config = dataclasses.replace(drafter.config, copy_hints=True)
         return grow_drafter(drafter, config.add_layers, config.seed).requires_grad_(True)
     drafter_config = DrafterConfig.for_target(
         target, config.num_layers, config.block_size, config.mask_token_id, config.taps or None
     )
+    drafter_config = dataclasses.replace(drafter_config, copy_hints=config.copy_hints)
     check_compatible(drafter_config, target.info)
     torch.manual_seed(config.seed)
     drafter = BlockDrafter(drafter_config, target.embed_tokens, target.lm_head)

@@ -1,0 +1,134 @@
+"""Copy hints: prompt lookup's match, no future tokens, and training == decoding with hints."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import torch
+
+from dcoco.decode.dflash_proposer import DFlashProposer
+from dcoco.decode.engine import Engine
+from dcoco.decode.hybrid_proposer import HybridProposer
+from dcoco.decode.proposers import DraftContext
+from dcoco.models.cache import cache_length
+from dcoco.models.copy_hints import (
+    MAX_NGRAM,
+    MIN_NGRAM,
+    NO_HINT,
+    context_hints,
+    follow_of_last,
+    hints_at,
+    match_table,
+)
+from dcoco.models.drafter import BlockDrafter, DrafterConfig
+from dcoco.models.drafter_io import load_drafter, save_drafter
+from dcoco.train.block_pass import Item, block_chunks
+
+BLOCK = 5
+
+
+def brute_follow(ids: list[int], i: int) -> int:
+    """After the most recent earlier occurrence of the longest n-gram ending at i, by search."""
+    for n in range(MAX_NGRAM, MIN_NGRAM - 1, -1):
+        if i + 1 < n:
+            continue
+        suffix = ids[i + 1 - n : i + 1]
+        for end in range(i - 1, n - 2, -1):
+            if ids[end + 1 - n : end + 1] == suffix:
+                return end + 1
+    return NO_HINT
+
+
+def test_match_table_and_last_match_equal_a_brute_force_search():
+    rng = random.Random(0)
+    for _ in range(50):
+        ids = [rng.randrange(4) for _ in range(rng.randrange(1, 40))]
+        table = match_table(ids)
+        assert table == [brute_follow(ids, i) for i in range(len(ids))]
+        assert follow_of_last(ids) == table[-1]
+
+
+def test_hints_continue_a_loop_shorter_than_the_block():
+    ids = [9, 5, 6, 7, 5, 6]  # the bigram (5, 6) was last seen ending at position 2
+    assert context_hints(ids, 6) == [7, 5, 6, 7, 5, 6]
+    assert context_hints([9, 5, 6, 7], 3) == [NO_HINT] * 3  # no earlier bigram: MASK stays
+
+
+def test_hints_read_no_token_after_the_anchor():
+    rng = random.Random(1)
+    ids = [rng.randrange(3) for _ in range(60)]
+    anchor = 31
+    base = hints_at(ids, match_table(ids), anchor, 7)
+    changed = ids[: anchor + 1] + [rng.randrange(3) + 3 for _ in ids[anchor + 1 :]]
+    assert hints_at(changed, match_table(changed), anchor, 7) == base
+    assert base != [NO_HINT] * 7
+
+
+def hinted_drafter(target) -> BlockDrafter:
+    config = DrafterConfig.for_target(
+        target, block_size=BLOCK, mask_token_id=3, target_layer_ids=(0, 1, 3)
+    )
+    torch.manual_seed(0)
+    config = dataclasses.replace(config, copy_hints=True)
+    return BlockDrafter(config, target.embed_tokens, target.lm_head).eval()
+
+
+def repetitive_ids() -> torch.Tensor:
+    phrase = [10, 11, 12, 13, 14, 15, 16]
+    return torch.tensor([[4, 5, *phrase, 6, *phrase, 7, *phrase, 8, 9, 10, 11]])  # [1, 35]
+
+
+def test_training_pass_equals_decoding_with_hints(tiny_llama_target):
+    """The blocks trained side by side == the proposer's successive drafts, hints included."""
+    target, drafter, ids = tiny_llama_target, hinted_drafter(tiny_llama_target), repetitive_ids()
+    features = target.forward(ids, feature_layers=(0, 1, 3), with_logits=False).features.clone()
+    anchors = [13, 21]  # both inside a repeat: every slot hinted
+    assert all(NO_HINT not in context_hints(ids[0, : a + 1].tolist(), BLOCK - 1) for a in anchors)
+    item = Item(ids=ids[0], features=features, anchors=torch.tensor(anchors))
+    with torch.no_grad():
+        trained = torch.cat([chunk.hidden for chunk in block_chunks(drafter, item, 8)])
+    proposer = DFlashProposer(drafter)
+    proposer.start(ids[0, :1].tolist())
+    seen = 0
+    for index, anchor in enumerate(anchors):
+        context = DraftContext(ids[0, : anchor + 1], features[:, seen:anchor], BLOCK - 1)
+        _, hidden = proposer.draft_block(context)
+        torch.testing.assert_close(hidden[0], trained[index], atol=1e-5, rtol=1e-5)
+        seen = anchor
+    unhinted = dataclasses.replace(drafter.config, copy_hints=False)
+    plain = BlockDrafter(unhinted, target.embed_tokens, target.lm_head).eval()
+    plain.load_state_dict(drafter.state_dict())
+    with torch.no_grad():
+        masked = torch.cat([chunk.hidden for chunk in block_chunks(plain, item, 8)])
+    assert not torch.allclose(masked, trained)  # the hints do reach the slots
+
+
+def test_copy_hints_survive_a_checkpoint_round_trip(tiny_llama_target, tmp_path):
+    target, drafter = tiny_llama_target, hinted_drafter(tiny_llama_target)
+    path = save_drafter(tmp_path / "hinted", drafter, target.info, dtype=torch.float32)
+    assert load_drafter(path, target, dtype=torch.float32).config.copy_hints
+
+
+def test_hybrid_and_hinted_drafters_keep_greedy_output(tiny_llama_target):
+    """pld-dflash and a copy-hint drafter in the engine: fp32 greedy output is plain's, and
+    the hybrid's drafter, skipped in lookup cycles, drafts as if it had read every tap."""
+    target = tiny_llama_target
+    drafter = hinted_drafter(target)
+    repeat = repetitive_ids()[0].tolist()[:20]  # a prompt that repeats itself: lookup cycles
+    for prompt in (repeat, list(range(5, 13))):
+        plain = Engine(target).generate(prompt, 30)
+        for proposer in (DFlashProposer(drafter), HybridProposer(DFlashProposer(drafter))):
+            assert Engine(target, proposer).generate(prompt, 30).new_ids == plain.new_ids
+    hybrid, fresh = HybridProposer(DFlashProposer(drafter)), DFlashProposer(drafter)
+    ids = repetitive_ids()
+    features = target.forward(ids, feature_layers=(0, 1, 3), with_logits=False).features.clone()
+    hybrid.start([])
+    fresh.start([])
+    lookup = hybrid.propose(DraftContext(ids[0, :14], features[:, :13], BLOCK - 1))
+    assert lookup.draft_tokens[0].tolist() == [14, 15, 16, 6]  # what followed (12, 13) before
+    # Anchor 26 (the bigram 8, 9 is new): the drafter's turn, over the taps it skipped as well.
+    drafted = hybrid.propose(DraftContext(ids[0, :27], features[:, 13:26], BLOCK - 1))
+    expected = fresh.propose(DraftContext(ids[0, :27], features[:, :26], BLOCK - 1))
+    assert torch.equal(drafted.draft_tokens, expected.draft_tokens)
+    assert cache_length(hybrid.dflash.cache) == 26  # every context position, none dropped
