@@ -42,6 +42,7 @@ def test_heldout_compares_methods_on_the_same_blocks(tiny_llama_target, tmp_path
     for row in rows.values():
         assert row["blocks"] == 4 * 14  # anchors 6 .. 19 of 24 tokens: every full block
         assert row["tau"]["1"] == pytest.approx(1 + row["per_position"][0], abs=1e-4)
+        assert row["slot_acc"][0] == row["per_position"][0]  # slot 1 is always reached
         assert row["tau"]["1"] <= row["tau"]["2"] <= row["tau"]["4"] <= 5
     assert f"| {_label(f'dcoco@{path}')} |" in markdown_table(result)
 
@@ -120,5 +121,17 @@ def test_heldout_adds_the_count_bigram_on_the_same_blocks(tiny_llama_target, tmp
     bigram, drafter = result["methods"]["count bigram"], result["methods"][_label(f"dflash@{path}")]
     assert bigram["blocks"] == drafter["blocks"] == 2 * 27  # the very same blocks
     assert bigram["tau"] == {"1": 2.0, "3": 4.0} and bigram["per_position"] == [1.0, 1.0, 1.0]
+    assert bigram["slot_acc"] == [1.0, 1.0, 1.0]
     assert drafter["tau"]["3"] < 2.0  # an untrained drafter is far below the table
     assert "| count bigram |" in markdown_table(result)
+    # pld-dflash: once the cycle has come round, lookup names every slot (16 of the 27 blocks)
+    lookups = measure(
+        HeldoutConfig(methods=(f"pld-dflash@{path}", "pld"), slots=(1, 3), anchors_per_seq=0),
+        target=target,
+        samples=records[:2],
+    )["methods"]
+    hybrid, pld = lookups[_label(f"pld-dflash@{path}")], lookups["pld"]
+    assert hybrid["blocks"] == pld["blocks"] == drafter["blocks"]
+    assert hybrid["tau"]["3"] >= (16 * 4 + 11 * 1) / 27 - 1e-4
+    # pld also takes single-token matches: it names every slot from one anchor sooner (17 blocks)
+    assert pld["tau"]["3"] == pytest.approx((17 * 4 + 10 * 1) / 27, abs=1e-4)

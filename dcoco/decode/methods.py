@@ -1,7 +1,8 @@
 """Decoding methods by name: each maps to a proposer for the one engine (`plain` has none).
 
 A method spec is `METHOD[:SELECTION][@CHECKPOINT]`:
-- METHOD: plain | pld | dflash | dcoco | dspark | domino;
+- METHOD: plain | pld | dflash | dcoco | dspark | domino | pld-dflash (prompt lookup where the
+  context has an n-gram match, the dflash drafter elsewhere);
 - SELECTION (dcoco only): the corrector's selection rule, greedy | global | discounted | top1;
 - CHECKPOINT (drafter methods): a checkpoint directory, or the name of one shipped under
   `checkpoints/<target>/`; by default the one named like the method.
@@ -20,7 +21,9 @@ from dcoco.models.selection import SELECTION_RULES
 from dcoco.models.target import TargetModel
 from dcoco.paths import checkpoints_dir
 
-DRAFTER_METHODS = ("dflash", "dcoco", "dspark", "domino")
+DRAFTER_METHODS = ("dflash", "dcoco", "dspark", "domino", "pld-dflash")
+# Methods whose default checkpoint is named otherwise than the method.
+DEFAULT_CHECKPOINT = {"pld-dflash": "dflash"}
 
 
 @dataclass
@@ -75,7 +78,7 @@ def checkpoint_dir(spec: MethodSpec, target: TargetModel, options: MethodOptions
         return path if path.exists() or not shipped.exists() else shipped
     if options.drafter:
         return Path(options.drafter)
-    return default_drafter_dir(target, spec.method)
+    return default_drafter_dir(target, DEFAULT_CHECKPOINT.get(spec.method, spec.method))
 
 
 def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> Proposer | None:
@@ -86,6 +89,7 @@ def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> 
         return PromptLookupProposer(num_draft_tokens=options.num_draft_tokens or 8)
     from dcoco.decode.dflash_proposer import DFlashProposer
     from dcoco.decode.head_proposer import HeadProposer
+    from dcoco.decode.hybrid_proposer import HybridProposer
     from dcoco.models.drafter_io import load_drafter, stored_slot_accuracy
     from dcoco.models.head_io import head_kind_of, load_head
 
@@ -98,9 +102,12 @@ def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> 
     drafter = load_drafter(path, target)
     num_draft_tokens = options.num_draft_tokens or None
     prior = stored_slot_accuracy(path)
-    if spec.method == "dflash":
+    if spec.method in ("dflash", "pld-dflash"):
         drafter = _matmul_like_target(drafter, target)
-        return DFlashProposer(drafter, num_draft_tokens=num_draft_tokens, acceptance_prior=prior)
+        proposer = DFlashProposer(
+            drafter, num_draft_tokens=num_draft_tokens, acceptance_prior=prior
+        )
+        return proposer if spec.method == "dflash" else HybridProposer(proposer)
     kind = head_kind_of(path)
     if kind != spec.method:
         raise DcocoError(

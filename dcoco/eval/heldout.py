@@ -36,11 +36,13 @@ from dcoco.decode.methods import (
     parse_method,
 )
 from dcoco.errors import DcocoError
+from dcoco.eval.heldout_lookup import lookup_corrects
+from dcoco.models.copy_hints import NO_HINT
 from dcoco.models.drafter_io import WEIGHTS_FILE
 from dcoco.models.heads import select_draft
 from dcoco.models.loading import DEFAULT_TARGET, load_target
 from dcoco.paths import default_corpus, portable, portable_record
-from dcoco.train.block_pass import AnchorRule, block_chunks, prepare_item
+from dcoco.train.block_pass import AnchorRule, block_chunks, copy_hints_of, prepare_item
 from dcoco.train.target_features import TargetFeatures
 
 JSON_FILE = "heldout.json"
@@ -122,6 +124,13 @@ def measure(
         if done and done.get(label, {}).get("weights") == weights:
             rows[label] = done[label]
             continue
+        if parse_method(method).method == "pld":  # no drafter: the block size of the slot caps
+            block = max(config.slots) + 1
+            corrects = lookup_corrects(
+                samples, block, config.anchors_per_seq or 1 << 30, bool(config.bench_run)
+            )
+            rows[label] = {**_row(corrects, config), "weights": weights}
+            continue
         proposer = build_proposer(method, target, MethodOptions())
         if proposer is None or not hasattr(proposer, "drafter"):
             raise DcocoError(f"'{method}' is not a drafter method")
@@ -194,6 +203,9 @@ def _accept(proposer, target, samples, config: HeldoutConfig, bigram=None):
             item = prepare_item(
                 sample, features, AnchorRule(anchors), block_size, generator, 0, target.device
             )
+            # pld-dflash: prompt lookup's tokens wherever the context has a match
+            lookup = copy_hints_of(item, block_size) if getattr(proposer, "lookup", False) else None
+            done = 0
             for chunk in block_chunks(drafter, item, 32):
                 logits = drafter.logits(chunk.hidden).float()  # [blocks, slots, vocab]
                 drafted = (
@@ -203,6 +215,10 @@ def _accept(proposer, target, samples, config: HeldoutConfig, bigram=None):
                         head, chunk.hidden, logits, chunk.anchor_ids, proposer.selection
                     )
                 )
+                if lookup is not None:
+                    found = lookup[done : done + drafted.shape[0]]  # [blocks, slots]
+                    drafted = torch.where(found[:, :1] != NO_HINT, found, drafted)
+                    done += drafted.shape[0]
                 corrects.setdefault(suite, []).append((drafted == chunk.label_ids).cpu())
                 if bigram is not None:
                     guess = bigram.predict(chunk.anchor_ids)  # [blocks, slots]
@@ -222,7 +238,8 @@ def _row(corrects: dict[str, list[Tensor]], config: HeldoutConfig) -> dict:
 
 
 def _summary(correct: Tensor, slots: tuple[int, ...]) -> dict:
-    """τ per slot cap and per-slot conditional acceptance of `correct` [blocks, slots]."""
+    """τ per slot cap, per-slot conditional acceptance and per-slot accuracy (unconditional: the
+    issue-16 comparison with the count bigram) of `correct` [blocks, slots]."""
     prefix = correct.long().cumprod(dim=1)  # [blocks, slots]: slot reached and accepted
     reached = torch.cat([torch.ones_like(prefix[:, :1]), prefix[:, :-1]], dim=1)
     conditional = prefix.sum(0).float() / reached.sum(0).clamp(min=1)
@@ -231,6 +248,7 @@ def _summary(correct: Tensor, slots: tuple[int, ...]) -> dict:
         "blocks": correct.shape[0],
         "tau": taus,
         "per_position": [round(v, 4) for v in conditional.tolist()],
+        "slot_acc": [round(v, 4) for v in correct.float().mean(0).tolist()],
     }
 
 
@@ -250,13 +268,14 @@ def markdown_table(result: dict) -> str:
         "",
         "| method | "
         + " | ".join(f"τ ({c} slots)" for c in caps)
-        + " | acceptance at slot 1 / 2 / 3 / 4 (given the earlier ones) |",
-        "|---|" + "--:|" * len(caps) + "---|",
+        + " | acceptance at slot 1 / 2 / 3 / 4 (given the earlier ones) | accuracy per slot |",
+        "|---|" + "--:|" * len(caps) + "---|---|",
     ]
     for method, row in rows.items():
         taus = " | ".join(f"{row['tau'][str(c)]:.3f}" for c in caps)
         positions = " / ".join(f"{v:.3f}" for v in row["per_position"][:4])
-        lines.append(f"| {method} | {taus} | {positions} |")
+        accuracy = " / ".join(f"{v:.2f}" for v in row.get("slot_acc", []))  # older rows: none
+        lines.append(f"| {method} | {taus} | {positions} | {accuracy} |")
     if "suites" in first:
         suites = list(first["suites"])
         caption = " / ".join(str(c) for c in caps)
