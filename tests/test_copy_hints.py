@@ -17,8 +17,8 @@ from dcoco.models.copy_hints import (
     MIN_NGRAM,
     NO_HINT,
     context_hints,
-    follow_of_last,
     hints_at,
+    last_match,
     match_table,
 )
 from dcoco.models.drafter import BlockDrafter, DrafterConfig
@@ -46,13 +46,14 @@ def test_match_table_and_last_match_equal_a_brute_force_search():
         ids = [rng.randrange(4) for _ in range(rng.randrange(1, 40))]
         table = match_table(ids)
         assert table == [brute_follow(ids, i) for i in range(len(ids))]
-        assert follow_of_last(ids) == table[-1]
+        assert last_match(torch.tensor(ids)) == table[-1]
 
 
 def test_hints_continue_a_loop_shorter_than_the_block():
     ids = [9, 5, 6, 7, 5, 6]  # the bigram (5, 6) was last seen ending at position 2
-    assert context_hints(ids, 6) == [7, 5, 6, 7, 5, 6]
-    assert context_hints([9, 5, 6, 7], 3) == [NO_HINT] * 3  # no earlier bigram: MASK stays
+    assert context_hints(torch.tensor(ids), 6).tolist() == [7, 5, 6, 7, 5, 6]
+    no_match = context_hints(torch.tensor([9, 5, 6, 7]), 3).tolist()
+    assert no_match == [NO_HINT] * 3  # no earlier bigram: MASK stays
 
 
 def test_hints_read_no_token_after_the_anchor():
@@ -84,7 +85,7 @@ def test_training_pass_equals_decoding_with_hints(tiny_llama_target):
     target, drafter, ids = tiny_llama_target, hinted_drafter(tiny_llama_target), repetitive_ids()
     features = target.forward(ids, feature_layers=(0, 1, 3), with_logits=False).features.clone()
     anchors = [13, 21]  # both inside a repeat: every slot hinted
-    assert all(NO_HINT not in context_hints(ids[0, : a + 1].tolist(), BLOCK - 1) for a in anchors)
+    assert all(NO_HINT not in context_hints(ids[0, : a + 1], BLOCK - 1).tolist() for a in anchors)
     item = Item(ids=ids[0], features=features, anchors=torch.tensor(anchors))
     with torch.no_grad():
         trained = torch.cat([chunk.hidden for chunk in block_chunks(drafter, item, 8)])

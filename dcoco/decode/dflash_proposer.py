@@ -6,7 +6,6 @@ taps of the tokens committed since the previous call, and `draft()` crops the bl
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from dcoco.contracts import Proposal
@@ -51,9 +50,7 @@ class DFlashProposer:
         limit = min(self.num_draft_tokens, context.max_slots)
         hints = None
         if self.drafter.config.copy_hints:  # every slot's, as in training, not only the proposed
-            slots = self.drafter.config.block_size - 1
-            hints = torch.tensor([context_hints(context.tokens.tolist(), slots)])
-            hints = hints.to(context.tokens.device)  # [1, block - 1]
+            hints = context_hints(context.tokens, self.drafter.config.block_size - 1)[None]
         return self.drafter.draft(
             context.tokens[-1:], context.new_features, self.cache, num_slots=limit, hint_ids=hints
         )

@@ -44,9 +44,9 @@ class HybridProposer:
         if self._unread is not None:
             features = torch.cat([self._unread, features], dim=1)
         limit = min(self.num_draft_tokens, context.max_slots)
-        hints = context_hints(context.tokens.tolist(), limit)
-        if hints and hints[0] != NO_HINT:
+        hints = context_hints(context.tokens, limit)  # [limit]
+        if limit and hints[0] != NO_HINT:
             self._unread = features
-            return Proposal(draft_tokens=torch.tensor([hints], device=context.tokens.device))
+            return Proposal(draft_tokens=hints[None])
         self._unread = None
         return self.dflash.propose(DraftContext(context.tokens, features, context.max_slots))

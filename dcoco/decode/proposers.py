@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from dcoco.contracts import Proposal
+from dcoco.models.copy_hints import NO_HINT, last_match
 
 
 @dataclass
@@ -69,12 +70,5 @@ class PromptLookupProposer:
         return Proposal(draft_tokens=draft[None])
 
     def _lookup(self, tokens: Tensor, limit: int) -> Tensor:
-        length = tokens.shape[0]
-        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
-            suffix = tokens[length - n :]
-            windows = tokens[: length - 1].unfold(0, n, 1)  # [starts, n]; excludes the suffix
-            hits = (windows == suffix).all(dim=1).nonzero().flatten()
-            if hits.numel():
-                follow = int(hits[-1]) + n  # the most recent match is the best predictor
-                return tokens[follow : follow + limit]
-        return tokens[:0]
+        follow = last_match(tokens, self.max_ngram, self.min_ngram)
+        return tokens[:0] if follow == NO_HINT else tokens[follow : follow + limit]

@@ -14,6 +14,9 @@ tokens decoding has committed, so training and decoding see the same inputs.
 
 from __future__ import annotations
 
+import torch
+from torch import Tensor
+
 MAX_NGRAM = 3
 MIN_NGRAM = 2  # a single-token match is right too rarely to be worth a hint
 NO_HINT = -1
@@ -37,32 +40,34 @@ def match_table(ids: list[int]) -> list[int]:
     return follow
 
 
-def follow_of_last(ids: list[int]) -> int:
-    """`match_table(ids)[-1]` without the table: what decoding needs once per cycle."""
-    for n in range(MAX_NGRAM, MIN_NGRAM - 1, -1):
-        if len(ids) <= n:
-            continue
-        suffix = ids[-n:]
-        for end in range(len(ids) - 2, n - 2, -1):  # the most recent earlier occurrence first
-            if ids[end] == suffix[-1] and ids[end + 1 - n : end + 1] == suffix:
-                return end + 1
+def last_match(tokens: Tensor, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM) -> int:
+    """`match_table(tokens)[-1]` without the table, vectorised: the position right after the most
+    recent earlier occurrence of the longest n-gram (max_ngram .. min_ngram) ending at the last
+    of `tokens` [tokens], or NO_HINT. Prompt lookup's match too, with its own n range."""
+    length = tokens.shape[0]
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        windows = tokens[: length - 1].unfold(0, n, 1)  # [starts, n]; excludes the suffix itself
+        hits = (windows == tokens[length - n :]).all(dim=1).nonzero().flatten()
+        if hits.numel():
+            return int(hits[-1]) + n  # the most recent match is the best predictor
     return NO_HINT
 
 
-def context_hints(ids: list[int], slots: int) -> list[int]:
-    """The hints of the block anchored at the last of the committed tokens `ids`."""
-    follow = [NO_HINT] * (len(ids) - 1) + [follow_of_last(ids)]
-    return hints_at(ids, follow, len(ids) - 1, slots)
+def context_hints(tokens: Tensor, slots: int) -> Tensor:
+    """[slots] hints of the block anchored at the last of the committed `tokens` [tokens]."""
+    start = last_match(tokens)
+    if start == NO_HINT:
+        return tokens.new_full((slots,), NO_HINT)
+    period = tokens.shape[0] - start  # anchor + 1 - start: the loop the hints go round
+    return tokens[start + torch.arange(slots, device=tokens.device) % period]
 
 
 def hints_at(ids: list[int], follow: list[int], anchor: int, slots: int) -> list[int]:
     """The `slots` hints of the block anchored at `anchor` (NO_HINT each when there is no match):
-    `ids[follow[anchor]:]`, continued through the hints once they pass the anchor."""
+    `ids[follow[anchor]:]`, continued through the hints once they pass the anchor, so a hint
+    past the anchor repeats the one a period earlier."""
     start = follow[anchor]
     if start == NO_HINT:
         return [NO_HINT] * slots
-    hints: list[int] = []
-    for k in range(slots):
-        position = start + k  # <= anchor + k: a context token or an earlier hint
-        hints.append(ids[position] if position <= anchor else hints[position - anchor - 1])
-    return hints
+    period = anchor + 1 - start
+    return [ids[start + k % period] for k in range(slots)]
