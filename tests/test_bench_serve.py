@@ -23,7 +23,7 @@ from dcoco.eval.serving_metrics import (
 )
 from dcoco.models.head_io import SELECTION_KEY
 from dcoco.paths import checkpoints_dir
-from dcoco.serving.serve import ServeConfig, build_command
+from dcoco.serving.serve import ServeConfig, build_command, speculative_config
 
 METRICS = """\
 # HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.
@@ -266,10 +266,10 @@ def test_serve_command_plain_and_bad_setups(serve_dirs):
     with pytest.raises(DcocoError, match=f"1..{slots}"):
         build_command(too_many)
     config = json.loads((drafter / "config.json").read_text())
-    config["dcoco"]["copy_hints"] = True  # vLLM would feed it MASK slots: refused
+    config["dcoco"]["copy_hints"] = True  # served: the plugin writes the hints
     (drafter / "config.json").write_text(json.dumps(config))
-    with pytest.raises(DcocoError, match="copy-hint drafter"):
-        build_command(ServeConfig(target=str(target), checkpoint=str(drafter)))
+    hinted = speculative_config(ServeConfig(target=str(target), checkpoint=str(drafter)))
+    assert hinted["model"] == str(drafter.resolve()) and hinted["method"] == "dflash"
 
 
 def test_serve_takes_method_specs_with_a_selection_and_a_checkpoint(

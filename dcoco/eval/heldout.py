@@ -207,7 +207,8 @@ def _accept(proposer, target, samples, config: HeldoutConfig, bigram=None):
             lookup = copy_hints_of(item, block_size) if getattr(proposer, "lookup", False) else None
             done = 0
             for chunk in block_chunks(drafter, item, 32):
-                logits = drafter.logits(chunk.hidden).float()  # [blocks, slots, vocab]
+                # [blocks, slots, vocab]
+                logits = drafter.logits(chunk.hidden, chunk.hint_ids).float()
                 drafted = (
                     logits.argmax(dim=-1)
                     if head is None

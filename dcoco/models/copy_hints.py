@@ -7,9 +7,12 @@ after the most recent one are the hints, continued through the hints themselves 
 anchor (a loop shorter than the block keeps looping). Slots without a hint keep MASK.
 
 The drafter then decides per slot whether to trust the hint. Its hidden state starts at the hint's
-embedding, which the tied head already maps to the hint itself, so copying is learnt at once and
-training spends itself on when not to copy. Hints read only tokens up to the anchor: the same
-tokens decoding has committed, so training and decoding see the same inputs.
+embedding, but two layers and the final norm carry it only part of the way to the tied head: a
+hinted drafter still overrode right hints where its own top token had a probability under 0.1
+(issue 16). A drafter with a `copy_gate` therefore adds a learnt bonus, one scalar per slot read
+from the slot's final hidden state, to the hint's logit (`add_copy_bonus`): a direct copy path,
+zero at initialisation. Hints read only tokens up to the anchor: the same tokens decoding has
+committed, so training and decoding see the same inputs.
 """
 
 from __future__ import annotations
@@ -71,3 +74,10 @@ def hints_at(ids: list[int], follow: list[int], anchor: int, slots: int) -> list
         return [NO_HINT] * slots
     period = anchor + 1 - start
     return [ids[start + k % period] for k in range(slots)]
+
+
+def add_copy_bonus(logits: Tensor, bonus: Tensor, hint_columns: Tensor) -> Tensor:
+    """`logits` [..., slots, vocab'] with `bonus` [..., slots] added at each slot's hint column
+    `hint_columns` [..., slots] (a negative column: no hint, the slot is unchanged)."""
+    added = (bonus * (hint_columns >= 0)).to(logits.dtype)[..., None]
+    return logits.scatter_add(-1, hint_columns.clamp(min=0)[..., None], added)

@@ -13,7 +13,7 @@ outside the module's registry so they never enter the state_dict or the optimize
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 import torch
@@ -24,6 +24,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, rot
 
 from dcoco.errors import DcocoError
 from dcoco.models.cache import cache_length, crop_cache
+from dcoco.models.copy_hints import add_copy_bonus
 
 DEFAULT_NUM_TAPS = 3
 
@@ -53,6 +54,7 @@ class DrafterConfig:
     num_layers: int = 2
     block_size: int = 16
     copy_hints: bool = False  # mask slots read prompt lookup's tokens (dcoco.models.copy_hints)
+    copy_gate: bool = False  # a learnt bonus on each hinted slot's hint logit (needs copy_hints)
 
     @property
     def num_taps(self) -> int:
@@ -109,6 +111,8 @@ def _check_self_consistent(config: DrafterConfig) -> None:
         raise DcocoError(f"block size must be >= 2 (an anchor and a slot), got {config.block_size}")
     if config.num_layers < 1 or not config.target_layer_ids:
         raise DcocoError("a drafter needs at least one layer and one target tap")
+    if config.copy_gate and not config.copy_hints:
+        raise DcocoError("a copy gate reads copy hints: it needs copy_hints too")
     if not 0 <= config.mask_token_id < config.vocab_size:
         raise DcocoError(
             f"mask token id {config.mask_token_id} is outside the vocab (size {config.vocab_size})"
@@ -235,6 +239,17 @@ class BlockDrafter(nn.Module):
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, std=0.02)  # Qwen3's initializer_range
+        self.copy_gate = None
+        if config.copy_gate:
+            self.add_copy_gate()
+
+    def add_copy_gate(self) -> None:
+        """Give the drafter a copy gate (dcoco.models.copy_hints), zero-initialised so that its
+        drafts do not change until it is trained."""
+        self.config = replace(self.config, copy_hints=True, copy_gate=True)
+        self.copy_gate = nn.Linear(self.config.hidden_size, 1).to(self.norm.weight)
+        nn.init.zeros_(self.copy_gate.weight)
+        nn.init.zeros_(self.copy_gate.bias)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -244,13 +259,22 @@ class BlockDrafter(nn.Module):
         """[batch, tokens] ids -> [batch, tokens, hidden] with the target's embedding."""
         return self._shared[0](ids)
 
-    def logits(self, hidden: Tensor) -> Tensor:
-        """[batch, tokens, hidden] -> [batch, tokens, vocab] with the target's lm_head."""
+    def logits(self, hidden: Tensor, hint_ids: Tensor | None = None) -> Tensor:
+        """[batch, slots, hidden] -> [batch, slots, vocab] with the target's lm_head, and the copy
+        gate's bonus at the hints `hint_ids` [batch, slots] if the drafter has a gate."""
         embed_tokens, head = self._shared
         # 2-D and contiguous: a strided 3-D input (the slots cut out of a block) sends F.linear
         # down a batched-matmul path that copies the whole 49k-row weight on every call.
         rows = hidden.reshape(-1, hidden.shape[-1]).to(embed_tokens.weight.dtype).contiguous()
-        return head(rows).reshape(*hidden.shape[:-1], -1)
+        return self.copy_logits(head(rows).reshape(*hidden.shape[:-1], -1), hidden, hint_ids)
+
+    def copy_logits(self, logits: Tensor, hidden: Tensor, hint_columns: Tensor | None) -> Tensor:
+        """`logits` [batch, slots, vocab'] plus the copy gate's bonus at `hint_columns` [batch,
+        slots] (columns of `logits`; negative = no hint); unchanged without a gate or hints."""
+        if self.copy_gate is None or hint_columns is None:
+            return logits
+        bonus = self.copy_gate(hidden.to(self.dtype)).squeeze(-1).float()  # [batch, slots]
+        return add_copy_bonus(logits.float(), bonus, hint_columns)
 
     def block_ids(self, anchor: Tensor, hint_ids: Tensor | None = None) -> Tensor:
         """[batch] anchor ids -> [batch, block] ids `[anchor, MASK, ..., MASK]`, with the copy
@@ -334,4 +358,5 @@ class BlockDrafter(nn.Module):
         # [batch, slots, hidden]: slot 0 is the anchor itself. The 49k-row head is the largest
         # cost of a draft, so it runs on the slots the caller will propose only.
         hidden = hidden[:, 1 : 1 + num_slots if num_slots else None]
-        return self.logits(hidden).float(), hidden
+        slot_hints = None if hint_ids is None else hint_ids[:, : hidden.shape[1]]
+        return self.logits(hidden, slot_hints).float(), hidden

@@ -27,6 +27,9 @@ HEAD_ARCHITECTURES = {
     "dspark": "DFlashDSparkDraftModel",
     "domino": "DFlashDominoDraftModel",
 }
+# A copy-hint drafter (DrafterConfig.copy_hints) without a head: vLLM must run it through our
+# plugin, which feeds the hints (dcoco.serving.vllm_hints) and adds its copy gate's bonus.
+COPY_ARCHITECTURE = "DFlashDcocoCopyDraftModel"
 HEAD_PREFIX = "head."
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -36,7 +39,7 @@ TRAIN_LOG_FILE = "train_log.jsonl"  # shipped beside the weights; written by the
 def config_to_hf(config: DrafterConfig, target_info, extra: dict | None = None) -> dict:
     """The config.json dict: DFlash/qwen3 fields for vLLM, plus our metadata under `dcoco`."""
     return {
-        "architectures": [ARCHITECTURE],
+        "architectures": [COPY_ARCHITECTURE if config.copy_hints else ARCHITECTURE],
         "model_type": "qwen3",
         "hidden_size": config.hidden_size,
         "intermediate_size": config.intermediate_size,
@@ -64,6 +67,7 @@ def config_to_hf(config: DrafterConfig, target_info, extra: dict | None = None) 
             "format_version": FORMAT_VERSION,
             # vLLM's DFlash proposer feeds MASK slots: such a drafter runs in dcoco's engine only
             "copy_hints": config.copy_hints,
+            "copy_gate": config.copy_gate,
             "target": {
                 "name": target_info.name,
                 "vocab_size": target_info.vocab_size,
@@ -78,7 +82,7 @@ def config_to_hf(config: DrafterConfig, target_info, extra: dict | None = None) 
 
 def config_from_hf(hf: dict, where: str = CONFIG_FILE) -> DrafterConfig:
     """Read a DFlash config.json dict (ours or another DFlash checkpoint's)."""
-    known = {ARCHITECTURE, *HEAD_ARCHITECTURES.values()}
+    known = {ARCHITECTURE, COPY_ARCHITECTURE, *HEAD_ARCHITECTURES.values()}
     if not known & set(hf.get("architectures") or []) or "dflash_config" not in hf:
         raise DcocoError(f"{where} is not a DFlash drafter config (architectures/dflash_config)")
     rope = hf.get("rope_parameters") or {}
@@ -100,6 +104,7 @@ def config_from_hf(hf: dict, where: str = CONFIG_FILE) -> DrafterConfig:
             num_layers=int(hf["num_hidden_layers"]),
             block_size=int(hf.get("block_size", 16)),
             copy_hints=bool((hf.get("dcoco") or {}).get("copy_hints", False)),
+            copy_gate=bool((hf.get("dcoco") or {}).get("copy_gate", False)),
         )
     except (KeyError, TypeError, ValueError) as error:
         raise DcocoError(f"{where}: missing or bad drafter field ({error!r})") from error

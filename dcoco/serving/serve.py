@@ -167,11 +167,6 @@ def speculative_config(config: ServeConfig) -> dict:
             "DFlash drafter directory, with a draft head for dcoco/dspark/domino)"
         )
     drafter_config, _ = read_drafter_config(path)
-    if drafter_config.copy_hints:
-        raise DcocoError(
-            f"{path} is a copy-hint drafter: vLLM's DFlash proposer feeds MASK slots, not prompt "
-            "lookup's tokens, so it runs in dcoco's engine only (dcoco generate/bench)"
-        )
     kind = head_kind_of(path)
     if spec.method == "dflash" and kind is not None:
         raise DcocoError(f"{path} holds a {kind} head: serve it with --method {kind}")

@@ -1,10 +1,14 @@
-"""vLLM's DFlash drafter plus a dcoco draft head (imported by vLLM through the plugin registry).
+"""vLLM's DFlash drafter plus a dcoco draft head and/or a copy gate (imported by vLLM through the
+plugin registry).
 
 `DcocoDFlashForCausalLM` is vLLM's `DFlashQwen3ForCausalLM` (the V1 DFlash proposer asserts that
-class) with one addition: `self.head`, the very module the training code builds
-(`dcoco.models.head_registry.build_head`, config from config.json's `dcoco_head`, weights from the
-checkpoint's `head.*` tensors). See dcoco.serving.vllm_plugin for how the head's choice reaches
-vLLM's draft.
+class) with two optional additions:
+- `self.head`, the very module the training code builds (`dcoco.models.head_registry.build_head`,
+  config from config.json's `dcoco_head`, weights from the checkpoint's `head.*` tensors). See
+  dcoco.serving.vllm_plugin for how the head's choice reaches vLLM's draft;
+- `self.copy_gate` of a copy-hint drafter (config.json `dcoco.copy_gate`, weights `copy_gate.*`):
+  its bonus goes on each mask row's hint, which dcoco.serving.vllm_hints wrote into the rows'
+  input ids, as `BlockDrafter.logits` does in our engine.
 
 What the head sees matches `BlockDrafter.draft` + `HeadProposer.propose` in our own engine:
 - `hidden` [requests, slots, hidden]: the drafter's final hidden states after `norm`, mask slots
@@ -27,7 +31,8 @@ from vllm.config import VllmConfig
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
 from dcoco.errors import DcocoError
-from dcoco.models.drafter_io import HEAD_ARCHITECTURES, HEAD_PREFIX
+from dcoco.models.copy_hints import NO_HINT, add_copy_bonus
+from dcoco.models.drafter_io import COPY_ARCHITECTURE, HEAD_ARCHITECTURES, HEAD_PREFIX
 from dcoco.models.head_io import HEAD_KEY, SELECTION_KEY
 from dcoco.models.head_registry import build_head
 from dcoco.models.heads import select_draft
@@ -55,28 +60,16 @@ class _TargetEmbedding:
         return self._owner.embed_tokens(ids)
 
 
+COPY_GATE_PREFIX = "copy_gate."
+
+
 class DcocoDFlashForCausalLM(DFlashQwen3ForCausalLM):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
-        fields = getattr(self.config, HEAD_KEY, None)
-        if not isinstance(fields, dict) or "kind" not in fields:
-            raise ValueError(
-                f"a {'/'.join(HEAD_ARCHITECTURES.values())} checkpoint needs `{HEAD_KEY}` "
-                "(the head's kind and config) in config.json; a plain drafter is "
-                "`DFlashDraftModel`"
-            )
-        fields = dict(fields)
-        kind = fields.pop("kind")
-        architectures = getattr(self.config, "architectures", None) or []
-        if kind in HEAD_ARCHITECTURES and HEAD_ARCHITECTURES[kind] not in architectures:
-            raise ValueError(
-                f"config.json names {architectures} but holds a {kind} head "
-                f"(expected {HEAD_ARCHITECTURES[kind]})"
-            )
-        self._embedding = _TargetEmbedding(
-            self.model, self.config.hidden_size, self.config.vocab_size
-        )
-        self.head = build_head(kind, fields, self._embedding).eval()
+        self.head = self._build_head()
+        ours = getattr(self.config, "dcoco", None) or {}
+        self._copy_hints = bool(ours.get("copy_hints"))
+        self.copy_gate = nn.Linear(self.config.hidden_size, 1) if ours.get("copy_gate") else None
         # The rule comes with the drafter's config (`dcoco serve` writes it), read once here.
         selection = getattr(self.config, SELECTION_KEY, None)
         try:
@@ -87,6 +80,30 @@ class DcocoDFlashForCausalLM(DFlashQwen3ForCausalLM):
         self._default_slots = int(speculative.num_speculative_tokens or 0)
         self._mask_token_id = self.model.mask_token_id
         self._input_ids: Tensor | None = None
+
+    def _build_head(self) -> nn.Module | None:
+        """The checkpoint's draft head; None for a copy-hint drafter without one."""
+        fields = getattr(self.config, HEAD_KEY, None)
+        architectures = getattr(self.config, "architectures", None) or []
+        if fields is None and COPY_ARCHITECTURE in architectures:
+            return None
+        if not isinstance(fields, dict) or "kind" not in fields:
+            raise ValueError(
+                f"a {'/'.join(HEAD_ARCHITECTURES.values())} checkpoint needs `{HEAD_KEY}` "
+                "(the head's kind and config) in config.json; a plain drafter is "
+                "`DFlashDraftModel`"
+            )
+        fields = dict(fields)
+        kind = fields.pop("kind")
+        if kind in HEAD_ARCHITECTURES and HEAD_ARCHITECTURES[kind] not in architectures:
+            raise ValueError(
+                f"config.json names {architectures} but holds a {kind} head "
+                f"(expected {HEAD_ARCHITECTURES[kind]})"
+            )
+        self._embedding = _TargetEmbedding(
+            self.model, self.config.hidden_size, self.config.vocab_size
+        )
+        return build_head(kind, fields, self._embedding).eval()
 
     def forward(  # type: ignore[override]
         self,
@@ -99,14 +116,26 @@ class DcocoDFlashForCausalLM(DFlashQwen3ForCausalLM):
 
     def compute_logits(self, hidden_states: Tensor) -> Tensor | None:
         """hidden_states [requests * slots, hidden] (request-major mask rows) -> logits whose
-        argmax per row is the head's draft token."""
+        argmax per row is the draft token: the copy gate's bonus added, the head's choice."""
         logits = super().compute_logits(hidden_states)
         if logits is None or self._input_ids is None or hidden_states.shape[0] == 0:
             return logits
+        mask = self._mask_token_id
         requests, slots = request_layout(
-            self._input_ids, hidden_states.shape[0], self._mask_token_id, self._default_slots
+            self._input_ids,
+            hidden_states.shape[0],
+            None if self._copy_hints else mask,  # hinted slots hold tokens, not MASK
+            self._default_slots,
         )
-        anchor_ids = self._input_ids[: requests * (slots + 1)].view(requests, slots + 1)[:, 0]
+        blocks = self._input_ids[: requests * (slots + 1)].view(requests, slots + 1)
+        if self.copy_gate is not None:
+            hints = blocks[:, 1:].reshape(-1)  # [rows]: the hint, or MASK where there is none
+            hint_columns = torch.where(hints == mask, NO_HINT, hints)
+            bonus = self.copy_gate(hidden_states).squeeze(-1).float()  # [rows]
+            logits = add_copy_bonus(logits.float(), bonus, hint_columns).to(logits.dtype)
+        if self.head is None:
+            return logits
+        anchor_ids = blocks[:, 0]
         chosen = select_draft(
             self.head,
             hidden_states.view(requests, slots, -1),
@@ -118,18 +147,28 @@ class DcocoDFlashForCausalLM(DFlashQwen3ForCausalLM):
 
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]):
         head_weights: dict[str, Tensor] = {}
+        gate_weights: dict[str, Tensor] = {}
 
         def drafter_weights():
             for name, tensor in weights:
                 if name.startswith(HEAD_PREFIX):
                     head_weights[name[len(HEAD_PREFIX) :]] = tensor
+                elif name.startswith(COPY_GATE_PREFIX):
+                    gate_weights[name[len(COPY_GATE_PREFIX) :]] = tensor
                 else:
                     yield name, tensor
 
         loaded = super().load_weights(drafter_weights())
-        self._load_head(head_weights)
+        if self.head is not None:
+            self._load_head(head_weights)
+        if self.copy_gate is not None:
+            with torch.no_grad():  # strict: names the missing or unexpected tensors
+                self.copy_gate.load_state_dict(gate_weights, strict=True)
+        elif gate_weights:
+            raise ValueError("the checkpoint has copy_gate.* weights but no dcoco.copy_gate flag")
         if loaded is not None:
             loaded = set(loaded) | {HEAD_PREFIX + name for name in head_weights}
+            loaded |= {COPY_GATE_PREFIX + name for name in gate_weights}
         return loaded
 
     def _load_head(self, weights: dict[str, Tensor]) -> None:

@@ -3,8 +3,10 @@
 `register()` is the `vllm.general_plugins` entry point (pyproject.toml). vLLM calls it in every
 process it starts (frontend, engine core, workers, the model-inspection subprocess), so it is cheap
 and idempotent. It maps the head architectures (`DFlashDcocoDraftModel`, `DFlashDSparkDraftModel`,
-`DFlashDominoDraftModel`, dcoco.models.drafter_io.HEAD_ARCHITECTURES) to
-`dcoco.serving.vllm_model.DcocoDFlashForCausalLM`, a subclass of vLLM's DFlash drafter.
+`DFlashDominoDraftModel`, dcoco.models.drafter_io.HEAD_ARCHITECTURES) and the copy-hint drafter's
+(`DFlashDcocoCopyDraftModel`) to `dcoco.serving.vllm_model.DcocoDFlashForCausalLM`, a subclass of
+vLLM's DFlash drafter, and wraps the DFlash proposer so that copy-hint drafters read their hints
+(dcoco.serving.vllm_hints).
 
 How the head reaches vLLM's draft (V1 model runner, `speculative_config.method == "dflash"`): the
 DFlash proposer runs the drafter once over `[anchor, MASK x K]` per request, then takes
@@ -39,6 +41,13 @@ def head_architectures() -> dict[str, str]:
     return dict(HEAD_ARCHITECTURES)
 
 
+def plugin_architectures() -> list[str]:
+    """Every architecture name the plugin's model class serves."""
+    from dcoco.models.drafter_io import COPY_ARCHITECTURE
+
+    return [*head_architectures().values(), COPY_ARCHITECTURE]
+
+
 def check_version(version: str | None = None) -> str:
     """The installed vLLM version, or a DcocoError if this plugin does not support it."""
     if version is None:
@@ -55,17 +64,21 @@ def check_version(version: str | None = None) -> str:
 
 
 def register() -> None:
-    """Entry point of group `vllm.general_plugins`: register the head architectures."""
+    """Entry point of group `vllm.general_plugins`: register the plugin's architectures and
+    the copy-hint wrapper of the DFlash proposer."""
     global _registered
     check_version()
     if _registered:
         return
     from vllm import ModelRegistry
 
+    from dcoco.serving import vllm_hints
+
     known = set(ModelRegistry.get_supported_archs())
-    for architecture in head_architectures().values():
+    for architecture in plugin_architectures():
         if architecture not in known:
             ModelRegistry.register_model(architecture, MODEL_CLASS)
+    vllm_hints.install()
     _registered = True
 
 

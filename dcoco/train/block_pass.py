@@ -123,6 +123,7 @@ class BlockChunk:
     hidden: Tensor  # [blocks, slots, hidden]: the drafter's final hidden states at the slots
     anchor_ids: Tensor  # [blocks]
     label_ids: Tensor  # [blocks, slots]: same-position labels (blocks are full: none ignored)
+    hint_ids: Tensor | None = None  # [blocks, slots]: copy hints (NO_HINT) if the drafter reads any
 
 
 def block_chunks(
@@ -157,6 +158,7 @@ def block_chunks(
             hidden=hidden.view(blocks, block_size, -1)[:, 1:],
             anchor_ids=block_ids.view(blocks, block_size)[:, 0],
             label_ids=labels.view(blocks, block_size)[:, 1:],
+            hint_ids=hints,
         )
 
 
@@ -190,6 +192,9 @@ def chunk_losses(
     hidden = chunk.hidden if train_drafter else chunk.hidden.detach()
     with torch.set_grad_enabled(train_drafter and torch.is_grad_enabled()):
         logits = loss_vocab.logits(hidden)  # [blocks, slots, vocab']
+        if chunk.hint_ids is not None:
+            hint_columns = loss_vocab.label_index(chunk.hint_ids)
+            logits = drafter.copy_logits(logits, hidden, hint_columns)
         label_index = loss_vocab.label_index(chunk.label_ids)  # [blocks, slots]
         ce = F.cross_entropy(
             logits.flatten(0, 1), label_index.flatten(), ignore_index=IGNORE, reduction="none"

@@ -57,6 +57,7 @@ class DrafterTrainConfig:
     loss_vocab: int = 0
     anchor_chunk: int = 32
     copy_hints: bool = False
+    copy_gate: bool = False
 
     def __post_init__(self) -> None:
         positive = [
@@ -133,7 +134,9 @@ HELPS = {
     "anchor_chunk": "blocks per drafter forward (attention cost grows with its square)",
     "copy_hints": "fill the mask slots with prompt lookup's tokens where it has a match "
     "(dcoco.models.copy_hints), so the drafter learns when to copy; with --init, turns them on "
-    "for the init's weights. Such a drafter runs in dcoco's engine, not vLLM's DFlash proposer",
+    "for the init's weights. vLLM runs such a drafter through dcoco's plugin (dcoco serve)",
+    "copy_gate": "add a learnt bonus to each hinted slot's hint logit, read from the slot's hidden "
+    "state and zero at the start (implies --copy-hints; with --init, added to the init's weights)",
 }
 
 

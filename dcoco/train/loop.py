@@ -214,11 +214,15 @@ def _initial_drafter(config, target) -> BlockDrafter:
         drafter = load_drafter(config.init, target, dtype=torch.float32)
         if config.copy_hints:
             drafter.config = dataclasses.replace(drafter.config, copy_hints=True)
+        if config.copy_gate and drafter.copy_gate is None:
+            drafter.add_copy_gate()
         return grow_drafter(drafter, config.add_layers, config.seed).requires_grad_(True)
     drafter_config = DrafterConfig.for_target(
         target, config.num_layers, config.block_size, config.mask_token_id, config.taps or None
     )
-    drafter_config = dataclasses.replace(drafter_config, copy_hints=config.copy_hints)
+    drafter_config = dataclasses.replace(
+        drafter_config, copy_hints=config.copy_hints or config.copy_gate, copy_gate=config.copy_gate
+    )
     check_compatible(drafter_config, target.info)
     torch.manual_seed(config.seed)
     drafter = BlockDrafter(drafter_config, target.embed_tokens, target.lm_head)

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The ten-suite report: every method on all ten suites at T=0 and T=1, SmolLM2 bf16, batch 1.
+# The ten-suite report: every method on all ten suites at T=0 and T=1, SmolLM2 bf16 (DTYPE), batch 1.
 # The prompts are split over SHARDS single-threaded `dcoco bench` processes writing one run (on a
 # 2-core CPU two 1-thread processes decode ~1.6x the tokens of one 2-thread process); each shard
 # interleaves the methods prompt by prompt. Always --resume: rerun the script to continue a run
 # that was stopped; it ends by rebuilding report.md and the plots from every shard's samples.
 #
 # Usage: scripts/reproduce/bench_ten_suites.sh   (env: METHODS, RUN, SUITES, LIMIT, MAX_TOKENS,
-#                                                 TEMPS, DRAFTS, SHARDS, THREADS, LOGS)
+#                                                 TEMPS, DRAFTS, SHARDS, THREADS, LOGS, DTYPE)
+# DTYPE=fp32 makes every method's T=0 output plain decoding's exactly, so τ compares the
+# proposers on the very same replies (in bf16, verify shapes change near-ties and replies part).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 make -s venv
@@ -19,6 +21,7 @@ TEMPS=${TEMPS:-0,1}
 DRAFTS=${DRAFTS:-3}          # draft tokens per cycle for every drafter method
 SHARDS=${SHARDS:-2}
 THREADS=${THREADS:-1}        # torch threads per shard
+DTYPE=${DTYPE:-bf16}
 LOGS=${LOGS:-runs}
 mkdir -p "$LOGS"
 pids=()
@@ -26,7 +29,7 @@ trap 'kill "${pids[@]}" 2>/dev/null || true' INT TERM
 for ((shard = 0; shard < SHARDS; shard++)); do
   .venv/bin/dcoco bench --methods "$METHODS" --suites "$SUITES" --limit "$LIMIT" \
       --max-new-tokens "$MAX_TOKENS" --temperatures "$TEMPS" --num-draft-tokens "$DRAFTS" \
-      --run-name "$RUN" --resume --no-plots --shards "$SHARDS" --shard "$shard" \
+      --dtype "$DTYPE" --run-name "$RUN" --resume --no-plots --shards "$SHARDS" --shard "$shard" \
       --threads "$THREADS" > "$LOGS/bench-ten-$shard.log" 2>&1 &
   pids+=($!)
 done

@@ -39,9 +39,9 @@ def main(checkpoint: str, bench_run: str | None) -> None:
                 continue
             item = prepare_item(sample, features, AnchorRule(anchors), block, generator, 0, "cpu")
             hints = copy_hints_of(item, block)[:, 0]  # [blocks]
-            drafted = torch.cat(
-                [drafter.logits(c.hidden)[:, 0].argmax(-1) for c in block_chunks(drafter, item, 32)]
-            )
+            chunks = block_chunks(drafter, item, 32)
+            slot1 = [drafter.logits(c.hidden, c.hint_ids)[:, 0].argmax(-1) for c in chunks]
+            drafted = torch.cat(slot1)
             labels = item.ids[item.anchors + 1]
             suite = sample.id.split("/")[0] if bench_run else "corpus"
             for hinted in (True, False):
