@@ -65,7 +65,7 @@ def config_to_hf(config: DrafterConfig, target_info, extra: dict | None = None) 
         },
         "dcoco": {
             "format_version": FORMAT_VERSION,
-            # vLLM's DFlash proposer feeds MASK slots: such a drafter runs in dcoco's engine only
+            # read by dcoco.serving.vllm_hints: vLLM's DFlash proposer itself feeds MASK slots
             "copy_hints": config.copy_hints,
             "copy_gate": config.copy_gate,
             "target": {
