@@ -15,6 +15,8 @@ missing one costs acceptance, never correctness, since verification does not rea
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import Tensor
 
@@ -53,38 +55,33 @@ def install() -> None:
     from vllm.v1.spec_decode.dflash import DFlashProposer
 
     original = DFlashProposer.set_inputs_first_pass
+    parameters = inspect.signature(original)
     original_init = DFlashProposer.__init__
 
     def __init__(self, vllm_config, device, runner=None):
         original_init(self, vllm_config, device, runner)
         self.dcoco_runner = runner  # the base proposer does not keep it: its token table
+        self.dcoco_copy_hints = reads_hints(self.draft_model_config.hf_config)
 
-    def set_inputs_first_pass(
-        self, target_token_ids, next_token_ids, target_positions, *args, **kwargs
-    ):
-        result = original(self, target_token_ids, next_token_ids, target_positions, *args, **kwargs)
-        if reads_hints(self.draft_model_config.hf_config):
-            cad, rejected = _attention_and_rejected(*args, **kwargs)
+    def set_inputs_first_pass(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        if self.dcoco_copy_hints:
+            inputs = parameters.bind(self, *args, **kwargs).arguments  # by name, however passed
+            rejected = inputs.get("num_rejected_tokens_gpu")
             histories = committed_tokens(
                 self.dcoco_runner.input_batch.token_ids_cpu,
-                target_token_ids.cpu(),
-                target_positions.cpu(),
-                cad.query_start_loc_cpu.tolist(),
+                inputs["target_token_ids"].cpu(),
+                inputs["target_positions"].cpu(),
+                inputs["cad"].query_start_loc_cpu.tolist(),
                 None if rejected is None else rejected.tolist(),
-                next_token_ids.cpu(),
+                inputs["next_token_ids"].cpu(),
             )
-            _write_batch(self, next_token_ids.tolist(), histories)
+            _write_batch(self, inputs["next_token_ids"].tolist(), histories)
         return result
 
     DFlashProposer.__init__ = __init__
     DFlashProposer.set_inputs_first_pass = set_inputs_first_pass
     _installed = True
-
-
-def _attention_and_rejected(
-    target_hidden_states, token_indices_to_sample, cad, num_rejected_tokens_gpu=None
-):
-    return cad, num_rejected_tokens_gpu
 
 
 def committed_tokens(
