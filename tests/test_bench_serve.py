@@ -215,13 +215,15 @@ def test_bench_serve_without_a_server_is_a_clear_error(tmp_path, capsys):
 
 @pytest.fixture
 def serve_dirs(tmp_path):
-    """A stand-in target dir and a DFlash checkpoint dir (configs only: serve reads no weights)."""
+    """A stand-in target dir and a DFlash checkpoint dir (configs only: serve reads no weights),
+    from `dflash-mask`, which reads no copy hints."""
     target = tmp_path / "my-target"
     target.mkdir()
     (target / "config.json").write_text("{}")
     drafter = tmp_path / "drafter"
     drafter.mkdir()
-    shutil.copy(checkpoints_dir() / "smollm2-135m-instruct" / "dflash" / "config.json", drafter)
+    mask_drafter = checkpoints_dir() / "smollm2-135m-instruct" / "dflash-mask"
+    shutil.copy(mask_drafter / "config.json", drafter)
     return target, drafter
 
 

@@ -50,11 +50,14 @@ def test_shipped_drafter_greedy_equals_plain_and_is_accepted(smollm2):
     assert sum(taus) / len(taus) > 1.05, taus  # trained: a random drafter gives 1.00
 
 
-@pytest.mark.parametrize("method", ["dcoco", "dcoco:global", "dspark", "domino"])
+# dcoco-dropin sits over the shipped copy-hint drafter: the head reads the gated, hinted logits.
+@pytest.mark.parametrize(
+    "method", ["dcoco", "dcoco:global", "dcoco@dcoco-dropin", "dspark", "domino"]
+)
 def test_shipped_heads_greedy_equal_plain(smollm2, method):
-    from dcoco.decode.methods import MethodOptions, build_proposer, default_drafter_dir
+    from dcoco.decode.methods import MethodOptions, build_proposer, checkpoint_dir, parse_method
 
-    if not default_drafter_dir(smollm2, method.split(":")[0]).exists():
+    if not checkpoint_dir(parse_method(method), smollm2, MethodOptions()).exists():
         pytest.skip(f"no {method} checkpoint shipped")
     proposer = build_proposer(method, smollm2, MethodOptions())
     for text in BUILTIN_PROMPTS[:2]:

@@ -6,8 +6,8 @@ The `vllm`-marked tests need vLLM and are skipped without it; run them in the vL
 
 They share one module fixture that runs four vLLM engines one after another, in this process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0), each eager, fp32, greedy, with one OpenMP thread, no core
-binding and a 128 MiB KV cache: plain target, the shipped DFlash drafter, that drafter with a
-randomised DCOCO corrector, and the shipped copy-hint drafter (hints and copy gate). The server
+binding and a 128 MiB KV cache: plain target, the block-16 `dflash-b16`, that drafter with a
+randomised DCOCO corrector, and the shipped `dflash` (copy hints and copy gate). The server
 test then starts `dcoco serve` as a subprocess. The other tests here (pure helpers) run in any
 venv.
 """
@@ -40,7 +40,7 @@ PROMPTS = [
 MAX_TOKENS = 40
 SHIPPED = "dflash-b16"  # a block-16 drafter: all 15 slots go through the plugin
 SLOTS = 15
-COPY = "dflash-copy"  # block 8, copy hints and a copy gate: 7 slots
+COPY = "dflash"  # the shipped drafter, block 8: copy hints and a copy gate, 7 slots
 KV_CACHE_BYTES = 128 << 20
 ENV = {
     "OMP_NUM_THREADS": "1",

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The issue-16 drafter for SmolLM2 -> checkpoints/smollm2-135m-instruct/dflash, in three stages:
+# The MASK drafter for SmolLM2 -> checkpoints/smollm2-135m-instruct/dflash-mask, in three stages:
 #   1. 1344 records of the shared corpus, 8 epochs (10,344 steps, 1.5 h on one core): block 8
 #      (up to 7 drafts; the CPU cycles draft 3-4), gamma 4, dense anchors (every 4th reply
 #      position, shifted each epoch), the 16k most frequent reply tokens in the loss, bf16
@@ -11,7 +11,8 @@
 #   3. from stage 2, a second cosine cycle on the anchor offsets stage 2 did not use (seed 2, lr
 #      6e-4, 9,000 steps, one thread): the `continue` run of scripts/reproduce/drafter_grow.sh,
 #      which beat growing to 4 layers on the same wall-clock (results/smollm2-drafter-grow).
-# Stage 3 is also the init of the copy-hint drafter (scripts/reproduce/train_drafter_copy.sh).
+# Stage 3 is the init of the shipped `dflash`, the copy-hint drafter
+# (scripts/reproduce/train_drafter_copy.sh).
 # The first run builds the feature cache (about 70 min on 2 idle cores for 4M tokens; parts added
 # later are cached on their own). Every stage resumes after a kill: rerun the same command. Runs
 # live under the cache dir, which outlives the checkout.
@@ -29,7 +30,7 @@ CACHE=${DCOCO_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dcoco}
 RUN=${RUN:-$CACHE/runs/drafter-smollm2-b8-full}
 STAGE1=${RUN%-full}-1344-cw
 STAGE3=${RUN%-full}-stage3/continue  # drafter_grow.sh's RUNS default, its `continue` run
-DEST=checkpoints/smollm2-135m-instruct/dflash
+DEST=checkpoints/smollm2-135m-instruct/dflash-mask
 COMMON=(--loss-vocab 16000 --autocast --target-dtype bf16 --batch-size 1 --anchor-stride 4
   --heldout 32 --threads "${THREADS:-2}")
 if [[ "${1:-}" == ship ]]; then

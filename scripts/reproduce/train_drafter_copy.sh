@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The copy-hint drafter for SmolLM2 -> checkpoints/smollm2-135m-instruct/dflash-copy, in two
-# stages from stage 3 of train_drafter_b8.sh (the shipped `dflash`, block 8, 2 layers; its shipped
-# copy, the same file, is the init where the run is gone):
+# The shipped drafter for SmolLM2 -> checkpoints/smollm2-135m-instruct/dflash: copy hints and a copy
+# gate, in two stages from stage 3 of train_drafter_b8.sh (`dflash-mask`, block 8, 2 layers; its
+# shipped copy, the same file, is the init where the run is gone):
 #   1. hints: the mask slots hold prompt lookup's tokens where the context has a match
 #      (`train-drafter --copy-hints`, dcoco.models.copy_hints), every part of the corpus, seed 3
 #      (anchor offsets its init's stages did not use), gamma 4, lr 6e-4, STEPS steps (default
@@ -22,9 +22,9 @@ RUNS=${DCOCO_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dcoco}/runs
 RUN=${RUN:-$RUNS/drafter-smollm2-b8-copy}
 GATE=$RUN-gate
 STAGE3=$RUNS/drafter-smollm2-b8-stage3/continue/snapshot
-[[ -d $STAGE3 ]] || STAGE3=checkpoints/smollm2-135m-instruct/dflash
+[[ -d $STAGE3 ]] || STAGE3=checkpoints/smollm2-135m-instruct/dflash-mask
 INIT=${INIT:-$STAGE3}
-DEST=checkpoints/smollm2-135m-instruct/dflash-copy
+DEST=checkpoints/smollm2-135m-instruct/dflash
 COMMON=(--gamma 4 --lr 6e-4 --warmup-ratio 0.02 --eval-every 500 --save-every 200
   --loss-vocab 16000 --autocast --target-dtype bf16 --batch-size 1 --anchor-stride 4
   --heldout 32 --threads "${THREADS:-2}")

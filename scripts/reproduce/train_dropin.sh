@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # checkpoints/smollm2-135m-instruct/dcoco-dropin: the DCOCO corrector trained as a drop-in over the
-# frozen shipped drafter (checkpoints/.../dflash, from train_drafter_b8.sh), on the same feature
-# cache, then its held-out τ against the drafter alone on the same blocks (results/smollm2-dropin).
-# DRAFTER=dflash-copy HEAD=dcoco-copy-dropin OUT=results/smollm2-dropin-copy: the same over the
-# copy-hint drafter. Resumable: rerun after a kill.
+# frozen shipped drafter (checkpoints/.../dflash, from train_drafter_copy.sh), then its held-out τ
+# against the drafter alone on the same blocks (OUT, default results/smollm2-dropin-copy).
+# DRAFTER=dflash-mask HEAD=dcoco-dropin-mask OUT=results/smollm2-dropin: the same over the MASK
+# drafter (train_drafter_b8.sh). Resumable: rerun after a kill.
 # Usage: scripts/reproduce/train_dropin.sh   (env: DRAFTER, HEAD, OUT, RUN, STEPS, THREADS, DCOCO)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,4 +26,4 @@ cp "$RUN"/dcoco/* "$RUN/train_log.jsonl" "$DEST/"
 METHOD=dflash
 [[ $NAME == dflash ]] || METHOD=dflash@$NAME
 "$DCOCO" heldout --methods "$METHOD,dcoco@$HEAD" --slots 3,7 --dtype bf16 \
-  --threads "${THREADS:-2}" --out "${OUT:-results/smollm2-dropin}"
+  --threads "${THREADS:-2}" --out "${OUT:-results/smollm2-dropin-copy}"
