@@ -21,6 +21,7 @@ from dcoco.models.copy_hints import (
     context_hints,
     hints_at,
     last_match,
+    match_length,
     match_table,
 )
 from dcoco.models.drafter import BlockDrafter, DrafterConfig
@@ -49,6 +50,20 @@ def test_match_table_and_last_match_equal_a_brute_force_search():
         table = match_table(ids)
         assert table == [brute_follow(ids, i) for i in range(len(ids))]
         assert last_match(torch.tensor(ids)) == table[-1]
+
+
+def test_match_length_is_the_longest_repeated_suffix():
+    rng = random.Random(1)
+    for _ in range(50):
+        ids = [rng.randrange(4) for _ in range(rng.randrange(1, 40))]
+        repeated = [
+            n
+            for n in range(1, min(MAX_NGRAM, len(ids) - 1) + 1)
+            if any(ids[s : s + n] == ids[-n:] for s in range(len(ids) - n))
+        ]
+        assert match_length(torch.tensor(ids)) == max(repeated, default=0), ids
+    assert match_length(torch.tensor([1, 2, 3])) == 0
+    assert match_length(torch.tensor([1, 2, 3, 1, 2])) == 2
 
 
 def test_hints_continue_a_loop_shorter_than_the_block():

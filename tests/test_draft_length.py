@@ -52,7 +52,21 @@ def test_policy_learns_from_verified_cycles():
     assert rates[0] > 0.95 and rates[1] > 0.95 and rates[2] < 0.05
     assert rates[3] == pytest.approx(0.5)  # never reached: still the prior
     assert policy.choose() == 2
-    assert policy.draft_ms == pytest.approx(1.0)
+    assert policy.counts().draft_ms == pytest.approx(1.0)
+
+
+def test_policy_keeps_each_context_mode_apart():
+    slope = CostCurve("s", {n: 10.0 + 2.0 * n for n in range(1, 17)})
+    policy = DraftLengthPolicy(slope, max_k=6, prior=(0.5,) * 6)
+    for _ in range(200):
+        policy.observe(proposed=6, accepted=6, draft_s=0.0, mode=3)  # a loop: every draft lands
+        policy.observe(proposed=6, accepted=0, draft_s=0.030, mode=0)  # nothing repeats: misses
+    assert policy.choose(3) == 6 and policy.choose(0) == 1
+    assert policy.acceptance(3)[5] > 0.95 and policy.acceptance(0)[0] < 0.05
+    assert policy.counts(3).draft_ms == 0.0 and policy.counts(0).draft_ms == pytest.approx(30.0)
+    assert policy.acceptance(2) == pytest.approx([0.5] * 6)  # a mode never seen: the prior
+    assert policy.cycles == 400
+    assert "3-gram match: k = 6" in policy.describe()
 
 
 def test_auto_in_the_engine_keeps_output_and_stays_in_range(tmp_path, monkeypatch):

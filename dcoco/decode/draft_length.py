@@ -7,6 +7,13 @@ verify(k + 1) + draft. The a_i start from a prior (a drafter checkpoint's held-o
 which is the unconditional rate and so errs low, or a flat 0.5 for prompt lookup) and are updated
 by the cycles this engine verifies, so a method whose drafts miss settles on short blocks. Any k is
 lossless: it changes the speed, never the output.
+
+The a_i and the draft cost are kept per *context mode*: the length of the n-gram ending at the
+anchor that occurred earlier in the context (dcoco.models.copy_hints.match_length; 0 = none),
+the same key for every method. Where the text repeats itself a draft is accepted far more often
+and further (a loop, a quoted line), and for `pld-dflash` a lookup cycle costs no drafter pass;
+one pooled rate would cut those cycles as short as the others (issue 16: on AVX2 in fp32 it held
+the copy-hint drafter to 4 drafts while prompt lookup's loops ran to 7).
 """
 
 from __future__ import annotations
@@ -41,41 +48,65 @@ def best_draft_length(
 
 
 @dataclass
+class ModeCounts:
+    """Per-slot counts of one context mode, the prior included."""
+
+    accepted: list[float]  # per slot: cycles that accepted it
+    reached: list[float]  # per slot: cycles that reached it
+    draft_ms: float  # running average of the proposer's cost per cycle
+    cycles: int = 0
+
+
+@dataclass
 class DraftLengthPolicy:
     curve: CostCurve
     max_k: int  # the most drafts the proposer can make
     prior: tuple[float, ...] = ()  # a_i per slot; slots beyond it get FLAT_PRIOR
-    draft_ms: float = 0.0  # running average of the proposer's cost per cycle
-    accepted: list[float] = field(init=False)  # per slot: cycles that accepted it (prior included)
-    reached: list[float] = field(init=False)  # per slot: cycles that reached it (prior included)
-    cycles: int = field(init=False, default=0)  # cycles observed
+    draft_ms: float = 0.0  # the proposer's cost per cycle before a mode has timed its own
+    modes: dict[int, ModeCounts] = field(init=False, default_factory=dict)
+    cycles: int = field(init=False, default=0)  # cycles observed, every mode
 
-    def __post_init__(self):
-        prior = [*self.prior[: self.max_k]]
-        prior += [FLAT_PRIOR] * (self.max_k - len(prior))
-        self.accepted = [PRIOR_WEIGHT * min(max(a, 0.01), 0.99) for a in prior]
-        self.reached = [PRIOR_WEIGHT] * self.max_k
+    def counts(self, mode: int = 0) -> ModeCounts:
+        if mode not in self.modes:
+            prior = [*self.prior[: self.max_k]]
+            prior += [FLAT_PRIOR] * (self.max_k - len(prior))
+            accepted = [PRIOR_WEIGHT * min(max(a, 0.01), 0.99) for a in prior]
+            self.modes[mode] = ModeCounts(accepted, [PRIOR_WEIGHT] * self.max_k, self.draft_ms)
+        return self.modes[mode]
 
-    def acceptance(self) -> list[float]:
-        return [a / r for a, r in zip(self.accepted, self.reached, strict=True)]
+    def acceptance(self, mode: int = 0) -> list[float]:
+        counts = self.counts(mode)
+        return [a / r for a, r in zip(counts.accepted, counts.reached, strict=True)]
 
-    def choose(self) -> int:
-        return best_draft_length(self.acceptance(), self.curve, self.draft_ms, self.max_k)
+    def choose(self, mode: int = 0) -> int:
+        draft_ms = self.counts(mode).draft_ms
+        return best_draft_length(self.acceptance(mode), self.curve, draft_ms, self.max_k)
 
     def describe(self) -> str:
-        rates = " ".join(f"{a:.2f}" for a in self.acceptance())
-        return (
-            f"k = {self.choose()} of {self.max_k} now (draft {self.draft_ms:.1f} ms/cycle; "
-            f"slot acceptance {rates})"
-        )
+        if not self.modes:
+            return f"k = {self.choose()} of {self.max_k} now (nothing verified yet)"
+        parts = []
+        for mode in sorted(self.modes, reverse=True):
+            rates = " ".join(f"{a:.2f}" for a in self.acceptance(mode))
+            parts.append(
+                f"{_mode_name(mode)}: k = {self.choose(mode)} (draft "
+                f"{self.modes[mode].draft_ms:.1f} ms; slot acceptance {rates})"
+            )
+        return f"of {self.max_k} now; " + "; ".join(parts)
 
-    def observe(self, proposed: int, accepted: int, draft_s: float) -> None:
-        """A verified cycle: slots 1..accepted were accepted, slot accepted + 1 (when proposed)
-        was missed."""
+    def observe(self, proposed: int, accepted: int, draft_s: float, mode: int = 0) -> None:
+        """A verified cycle in context `mode`: slots 1..accepted were accepted, slot
+        accepted + 1 (when proposed) was missed."""
+        counts = self.counts(mode)
         for slot in range(min(accepted + 1, proposed)):
-            self.reached[slot] += 1
-            self.accepted[slot] += slot < accepted
+            counts.reached[slot] += 1
+            counts.accepted[slot] += slot < accepted
         ms = draft_s * 1000
-        past = DRAFT_COST_DECAY if self.cycles else 0.0
-        self.draft_ms = past * self.draft_ms + (1 - past) * ms
+        past = DRAFT_COST_DECAY if counts.cycles else 0.0
+        counts.draft_ms = past * counts.draft_ms + (1 - past) * ms
+        counts.cycles += 1
         self.cycles += 1
+
+
+def _mode_name(mode: int) -> str:
+    return f"{mode}-gram match" if mode else "no match"

@@ -24,6 +24,7 @@ from dcoco.decode.stats import RequestStats
 from dcoco.decode.verify import verify
 from dcoco.errors import DcocoError
 from dcoco.models.cache import crop_cache
+from dcoco.models.copy_hints import match_length
 from dcoco.models.target import TargetModel
 
 
@@ -84,8 +85,9 @@ class Engine:
         while finish is None:
             # 2. propose: at most as many drafts as the budget and the context can still take.
             max_slots = min(budget - len(new_ids) - 1, target.max_context - tokens.shape[0])
+            mode = self._context_mode(tokens)
             tick = time.perf_counter()
-            proposal = self._propose(tokens, new_features, max_slots)
+            proposal = self._propose(tokens, new_features, max_slots, mode)
             propose_s = _elapsed(tick, device)
             stats.draft_s += propose_s - proposal.correct_s
             stats.correct_s += proposal.correct_s
@@ -103,7 +105,7 @@ class Engine:
             accepted = int(verdict.num_accepted[0])
             crop_cache(cache, tokens.shape[0] + accepted)
             committed = torch.cat([proposal.draft_tokens[0, :accepted], verdict.next_token])
-            self._record_cycle(stats, proposal.num_slots, accepted, propose_s)
+            self._record_cycle(stats, proposal.num_slots, accepted, propose_s, mode)
             finish = self._commit_tokens(committed.tolist(), new_ids, budget, on_tokens)
             tokens = torch.cat([tokens, committed])
             new_features = _pending_features(skipped_features, out.features, accepted)
@@ -112,11 +114,15 @@ class Engine:
         stats.total_s = _elapsed(started, device)
         return GenerationResult(list(prompt_ids), new_ids, finish, stats)
 
-    def _propose(self, tokens, new_features, max_slots: int) -> Proposal:
+    def _context_mode(self, tokens) -> int:
+        """The key the draft-length policy keeps its rates under (dcoco.decode.draft_length)."""
+        return match_length(tokens) if self.draft_length else 0
+
+    def _propose(self, tokens, new_features, max_slots: int, mode: int) -> Proposal:
         if self.proposer is None or max_slots <= 0:
             return empty_proposal(tokens.device)
         if self.draft_length:
-            max_slots = min(max_slots, self.draft_length.choose())
+            max_slots = min(max_slots, self.draft_length.choose(mode))
         proposal = self.proposer.propose(DraftContext(tokens, new_features, max_slots))
         if proposal.num_slots > max_slots:
             proposal = Proposal(
@@ -128,10 +134,10 @@ class Engine:
             )
         return proposal
 
-    def _record_cycle(self, stats: RequestStats, proposed: int, accepted: int, propose_s: float):
+    def _record_cycle(self, stats, proposed: int, accepted: int, propose_s: float, mode: int):
         stats.record_cycle(proposed, accepted)
         if self.draft_length:
-            self.draft_length.observe(proposed, accepted, propose_s)
+            self.draft_length.observe(proposed, accepted, propose_s, mode)
 
     def _commit_tokens(self, ids, new_ids, budget, on_tokens) -> str | None:
         """Append `ids` to the output, stopping at a stop id or the budget; returns why it ended."""

@@ -47,13 +47,24 @@ def last_match(tokens: Tensor, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_
     """`match_table(tokens)[-1]` without the table, vectorised: the position right after the most
     recent earlier occurrence of the longest n-gram (max_ngram .. min_ngram) ending at the last
     of `tokens` [tokens], or NO_HINT. Prompt lookup's match too, with its own n range."""
+    return _longest_match(tokens, max_ngram, min_ngram)[1]
+
+
+def match_length(tokens: Tensor, max_ngram: int = MAX_NGRAM) -> int:
+    """The n of that match with n from max_ngram down to 1, or 0 when the last token of `tokens`
+    [tokens] never occurred before: how much the context repeats itself at the anchor."""
+    return _longest_match(tokens, max_ngram, 1)[0]
+
+
+def _longest_match(tokens: Tensor, max_ngram: int, min_ngram: int) -> tuple[int, int]:
+    """(n, the position after its most recent earlier occurrence), or (0, NO_HINT)."""
     length = tokens.shape[0]
     for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
         windows = tokens[: length - 1].unfold(0, n, 1)  # [starts, n]; excludes the suffix itself
         hits = (windows == tokens[length - n :]).all(dim=1).nonzero().flatten()
         if hits.numel():
-            return int(hits[-1]) + n  # the most recent match is the best predictor
-    return NO_HINT
+            return n, int(hits[-1]) + n  # the most recent match is the best predictor
+    return 0, NO_HINT
 
 
 def context_hints(tokens: Tensor, slots: int) -> Tensor:
