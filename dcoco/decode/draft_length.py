@@ -64,7 +64,11 @@ class DraftLengthPolicy:
     prior: tuple[float, ...] = ()  # a_i per slot; slots beyond it get FLAT_PRIOR
     draft_ms: float = 0.0  # the proposer's cost per cycle before a mode has timed its own
     modes: dict[int, ModeCounts] = field(init=False, default_factory=dict)
-    cycles: int = field(init=False, default=0)  # cycles observed, every mode
+
+    @property
+    def cycles(self) -> int:
+        """Cycles observed, every mode."""
+        return sum(counts.cycles for counts in self.modes.values())
 
     def counts(self, mode: int = 0) -> ModeCounts:
         if mode not in self.modes:
@@ -105,7 +109,6 @@ class DraftLengthPolicy:
         past = DRAFT_COST_DECAY if counts.cycles else 0.0
         counts.draft_ms = past * counts.draft_ms + (1 - past) * ms
         counts.cycles += 1
-        self.cycles += 1
 
 
 def _mode_name(mode: int) -> str:

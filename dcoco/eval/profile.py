@@ -106,12 +106,12 @@ def _method_costs(target, curve: CostCurve, method: str) -> dict:
     draft_ms, correct_ms = {}, {}
     for slots in range(1, proposer.num_draft_tokens + 1):
         draft_ms[str(slots)], correct_ms[str(slots)] = _time_proposer(target, proposer, slots)
-    slots = str(proposer.num_draft_tokens)
+    most = str(proposer.num_draft_tokens)
     policy = DraftLengthPolicy(
         curve,
         proposer.num_draft_tokens,
         proposer.acceptance_prior,
-        draft_ms=float(draft_ms[slots]) + float(correct_ms[slots]),
+        draft_ms=float(draft_ms[most]) + float(correct_ms[most]),
     )
     return {"draft_ms": draft_ms, "correct_ms": correct_ms, "auto_k": policy.choose()}
 
