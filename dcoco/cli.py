@@ -24,6 +24,7 @@ COMMANDS = (
     "dcoco.eval.heldout",
     "dcoco.train.drafter_train",
     "dcoco.train.head_train",
+    "dcoco.train.corrector_cache",
     "dcoco.data.datagen",
     "dcoco.serving.serve",
     "dcoco.eval.serving_bench",

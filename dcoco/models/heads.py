@@ -25,17 +25,30 @@ from dcoco.errors import DcocoError
 
 
 @dataclass
+class Candidates:
+    """The drafter's top-K per slot, with what normalised candidate features need."""
+
+    ids: Tensor  # [blocks, slots, K] int64 token ids, by logit, descending
+    logits: Tensor  # [blocks, slots, K] fp32
+    logsumexp: Tensor  # [blocks, slots] fp32: log of the softmax normaliser over the vocabulary
+    label_logits: Tensor  # [blocks, slots] fp32: the drafter's logit of the target's token
+
+
+@dataclass
 class HeadBatch:
     """One drafter pass over training blocks, seen from a head. Draft slots only (no anchor)."""
 
     hidden: Tensor  # [blocks, slots, hidden]: the drafter's final hidden states
-    logits: Tensor  # [blocks, slots, vocab']: the drafter's logits over the loss vocabulary
+    # [blocks, slots, vocab']: the drafter's logits over the loss vocabulary; None when only
+    # `candidates` were kept (the corrector cache), which the corrector alone can train from
+    logits: Tensor | None
     vocab_ids: Tensor | None  # [vocab'] token id of each logit column; None = the full vocab
     anchor_ids: Tensor  # [blocks] the anchor token of each block
     label_ids: Tensor  # [blocks, slots] the target's tokens (token ids)
     label_index: Tensor  # [blocks, slots] column of the label in `logits`; IGNORE if absent
     slot_weights: Tensor  # [slots] loss weight by depth, exp(-(k-1)/gamma)
     progress: float = 1.0  # fraction of training done, for curricula (0 at the first step)
+    candidates: Candidates | None = None  # precomputed full-vocabulary top-K (corrector cache)
 
 
 @dataclass
@@ -44,6 +57,7 @@ class HeadLoss:
     correct: Tensor  # [blocks, slots] bool: the head's draft, teacher-forced on the labels,
     # equals the label. Up to the first miss a drafted prefix equals the labels, so
     # cumprod(correct).sum() + 1 is exactly the acceptance length the engine would see.
+    parts: dict[str, Tensor] | None = None  # named loss terms (sums), logged apart
 
 
 class DraftHead(Protocol):

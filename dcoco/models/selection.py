@@ -2,7 +2,7 @@
 
 Each rule maps Scores to candidate indices [batch, slots] (index 0 is the drafter's top-1 at that
 slot); `selected_token_ids` turns indices into the draft's token ids. A path k_0 .. k_{slots-1}
-scores L[0, k_0] + sum_p S[p, k_p, k_{p+1}].
+scores L[0, k_0] (or start[k_0]) + sum_p S[p, k_p, k_{p+1}].
 
 The rule is a decoding choice, not a weight: callers pass its name to `Corrector.select` on every
 call (`METHOD:SELECTION` in dcoco.decode.methods; the drafter config's `dcoco_selection` in vLLM).
@@ -29,6 +29,9 @@ class Scores:
     candidate_ids: Tensor  # [batch, slots, K] int64, by drafter logit, descending
     candidate_logits: Tensor  # [batch, slots, K] fp32: L, the drafter's logits of the candidates
     transitions: Tensor  # [batch, slots - 1, K, K] fp32: S[p, a, b]
+    # [batch, K] fp32: slot 0's scores from the anchor (a corrector that re-selects slot 0);
+    # None = slot 0 keeps the drafter's top-1 (the walk) or scores L[0] (the path rules)
+    start: Tensor | None = None
 
 
 def selected_token_ids(scores: Scores, indices: Tensor) -> Tensor:
@@ -42,13 +45,17 @@ def top1(scores: Scores) -> Tensor:
 
 
 def greedy(scores: Scores) -> Tensor:
-    """Prefix-first walk: slot 0 keeps the drafter's top-1, then k[p+1] = argmax_b S[p, k[p], b].
+    """Prefix-first walk: slot 0 keeps the drafter's top-1 (or takes argmax start), then
+    k[p+1] = argmax_b S[p, k[p], b].
 
     Each choice is conditioned only on the already chosen prefix, the order the target verifies
     in, so a corrected slot never trades away an earlier one."""
     transitions = scores.transitions  # [batch, slots - 1, K, K]
     rows = torch.arange(transitions.shape[0], device=transitions.device)
-    index = torch.zeros_like(scores.candidate_ids[:, 0, 0])  # [batch]
+    if scores.start is None:
+        index = torch.zeros_like(scores.candidate_ids[:, 0, 0])  # [batch]
+    else:
+        index = scores.start.argmax(dim=-1)
     path = [index]
     for p in range(transitions.shape[1]):
         index = transitions[rows, p, index].argmax(dim=-1)  # row S[p, k[p], :] is [batch, K]
@@ -71,7 +78,8 @@ def discounted_path(scores: Scores, gamma: float = DEFAULT_GAMMA) -> Tensor:
 def _viterbi(scores: Scores, weights: list[float]) -> Tensor:
     """The path maximising weights[0] L[0, k_0] + sum_p weights[p+1] S[p, k_p, k_{p+1}]."""
     transitions = scores.transitions  # [batch, slots - 1, K, K]
-    best = weights[0] * scores.candidate_logits[:, 0]  # [batch, K]: best path ending at each
+    first = scores.candidate_logits[:, 0] if scores.start is None else scores.start
+    best = weights[0] * first  # [batch, K]: best path ending at each
     came_from = []
     for p in range(transitions.shape[1]):
         # [batch, K (at p), K (at p + 1)]: each path to a at p, extended by a -> b

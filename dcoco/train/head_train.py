@@ -21,6 +21,7 @@ from dcoco.config import Command
 from dcoco.data.distill import Sample
 from dcoco.errors import DcocoError
 from dcoco.models.head_registry import build_head, head_classes, head_kinds
+from dcoco.train.cached_head_train import train_from_cache
 from dcoco.train.drafter_train import HELPS, DrafterTrainConfig, with_target_defaults
 from dcoco.train.loop import run_training
 from dcoco.train.run_state import HeadSetup
@@ -44,6 +45,14 @@ class HeadTrainConfig(DrafterTrainConfig):
     gated: bool = False
     state_size: int = 0
     lambda_warm: float = 1.0
+    features: str = "logit"
+    successor_query: bool = False
+    anchor: bool = False
+    loss: str = "pairs"
+    corrector_cache: bool = False
+    cache_stride: int = 8
+    cache_build: bool = True
+    blocks_per_step: int = 256
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -53,6 +62,10 @@ class HeadTrainConfig(DrafterTrainConfig):
             raise DcocoError(f"unknown mode '{self.mode}': choose one of {', '.join(MODES)}")
         if not self.init:
             raise DcocoError("train-corrector needs --init: the drafter checkpoint to start from")
+        if self.corrector_cache and self.mode != "dropin":
+            raise DcocoError("--corrector-cache trains a drop-in head only (--mode dropin)")
+        if self.cache_stride < 1 or self.blocks_per_step < 1:
+            raise DcocoError("--cache-stride and --blocks-per-step must be >= 1")
 
     def head_fields(self, drafter) -> dict:
         """The head's config fields: shapes from the drafter, 0-valued sizes left to defaults."""
@@ -85,6 +98,18 @@ HEAD_HELPS = {
     "gated": "dspark: gate the previous-token embedding by the slot's hidden state",
     "state_size": "domino: GRU state size; 0 = the head's default",
     "lambda_warm": "domino: weight of the base-logit loss at the start (decays to 0)",
+    "features": "dcoco: candidate features, logit (L only) or normalised (log p, p, gap to top-1, "
+    "rank, is-top-1)",
+    "successor_query": "dcoco: add the bilinear successor term <q(s_p, z_a), E[b]>",
+    "anchor": "dcoco: re-select slot 1 from the anchor token (start scores)",
+    "loss": "dcoco: pairs (one softmax over K x K) or conditional (K-way per row, given the "
+    "target's token at the previous slot)",
+    "corrector_cache": "drop-in only: train from the frozen drafter's cached outputs over the "
+    "whole corpus (built once under the cache dir)",
+    "cache_stride": "with --corrector-cache: every n-th reply position is a cached block",
+    "cache_build": "with --corrector-cache: build missing shards first (--no-cache-build: train "
+    "on the shards built so far)",
+    "blocks_per_step": "with --corrector-cache: blocks per optimizer step",
     "init": "the drafter checkpoint to start from (required)",
 }
 
@@ -107,6 +132,14 @@ def train(
 ) -> dict:
     """Train (or resume) a head as `config` says; returns the held-out metrics and paths."""
     config = with_target_defaults(config, target)
+    if config.corrector_cache:
+        return train_from_cache(
+            config,
+            lambda drafter: build_head(
+                config.head, config.head_fields(drafter), drafter._shared[0]
+            ),
+            progress_bar,
+        )
     setup = HeadSetup(
         build=lambda drafter: build_head(
             config.head, config.head_fields(drafter), drafter._shared[0]

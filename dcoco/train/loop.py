@@ -92,7 +92,7 @@ def setup(config, target, samples, head_setup: HeadSetup | None) -> Run:
     optimizer = torch.optim.AdamW(trained, lr=config.lr, weight_decay=config.weight_decay)
     warmup = max(1, math.ceil(config.warmup_ratio * total_steps))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: _warmup_cosine(step, warmup, total_steps)
+        optimizer, lambda step: warmup_cosine(step, warmup, total_steps)
     )
     features = open_features(
         config, target, drafter.config.target_layer_ids, samples if from_corpus else None
@@ -231,7 +231,7 @@ def _initial_drafter(config, target) -> BlockDrafter:
     return drafter.to(target.device)
 
 
-def _warmup_cosine(step: int, warmup: int, total: int) -> float:
+def warmup_cosine(step: int, warmup: int, total: int) -> float:
     if step < warmup:
         return (step + 1) / warmup
     return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
