@@ -97,11 +97,11 @@ def evaluate(head, heldout: dict, weights, drafter) -> dict:
     }
 
 
-def train_from_cache(config, build_head, progress_bar: bool = True) -> dict:
+def train_from_cache(config, build_head, target=None, progress_bar: bool = True) -> dict:
     """Train (or resume) a drop-in head on the corrector cache of `config.init`."""
     if config.threads > 0:
         torch.set_num_threads(config.threads)
-    target = load_target(config.target, config.target_dtype, config.device or None)
+    target = target or load_target(config.target, config.target_dtype, config.device or None)
     cache = CorrectorCacheConfig(
         drafter=config.init, target=config.target, corpus=config.corpus,
         dtype=config.target_dtype, stride=config.cache_stride, top_k=max(32, config.top_k),

@@ -132,20 +132,14 @@ def train(
 ) -> dict:
     """Train (or resume) a head as `config` says; returns the held-out metrics and paths."""
     config = with_target_defaults(config, target)
+
+    def build(drafter):
+        return build_head(config.head, config.head_fields(drafter), drafter._shared[0])
+
     if config.corrector_cache:
-        return train_from_cache(
-            config,
-            lambda drafter: build_head(
-                config.head, config.head_fields(drafter), drafter._shared[0]
-            ),
-            progress_bar,
-        )
+        return train_from_cache(config, build, target, progress_bar)
     setup = HeadSetup(
-        build=lambda drafter: build_head(
-            config.head, config.head_fields(drafter), drafter._shared[0]
-        ),
-        train_drafter=config.mode == "joint",
-        loss_weight=config.head_loss_weight,
+        build=build, train_drafter=config.mode == "joint", loss_weight=config.head_loss_weight
     )
     return run_training(config, target, samples, progress_bar, head_setup=setup)
 
