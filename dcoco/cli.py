@@ -28,6 +28,7 @@ COMMANDS = (
     "dcoco.data.datagen",
     "dcoco.serving.serve",
     "dcoco.eval.serving_bench",
+    "dcoco.eval.soak",
     "dcoco.eval.train_curves",
 )
 

@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from test_head_train import SHARED, two_mode_corpus
 
 from dcoco.decode.engine import Engine
 from dcoco.decode.methods import MethodOptions, build_proposer
@@ -25,7 +26,6 @@ from dcoco.train.head_train import HeadTrainConfig
 from dcoco.train.head_train import train as train_head
 from dcoco.train.run_dir import RunDir
 from dcoco.train.target_features import TargetFeatures
-from test_head_train import SHARED, two_mode_corpus
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

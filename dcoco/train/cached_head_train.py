@@ -108,6 +108,7 @@ def train_from_cache(config, build_head, target=None, progress_bar: bool = True)
         heldout=config.heldout, threads=config.threads, build=config.cache_build,
     )  # fmt: skip
     shards, heldout, root = open_cache(cache, target, progress_bar)
+    shards = shards[: config.cache_parts or None]
     drafter = load_drafter(
         drafter_path(config.init, target), target, dtype=torch.float32
     ).requires_grad_(False)
@@ -139,30 +140,17 @@ def train_from_cache(config, build_head, target=None, progress_bar: bool = True)
         epoch, index = divmod(step, per_epoch)
         order = torch.randperm(total, generator=torch.Generator().manual_seed(config.seed + epoch))
         chosen = order[index * config.blocks_per_step : (index + 1) * config.blocks_per_step]
-        shard_of = torch.searchsorted(bounds, chosen, right=True)
-        loss_sum, weight_sum, parts = 0.0, 0.0, {}
-        for s in shard_of.unique().tolist():
-            picked = chosen[shard_of == s]
-            rows = (picked - (bounds[s] - counts[s])).sort().values
-            batch = head_batch(
-                shards[s], rows, weights, drafter if needs_logits else None, step / total_steps
-            )
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.autocast):
-                out = head.training_loss(batch)
-            denominator = float(weights.sum()) * config.blocks_per_step
-            (out.weighted_loss / denominator).backward()
-            loss_sum += out.weighted_loss.item()
-            weight_sum += denominator
-            for name, value in (out.parts or {}).items():
-                parts[name] = parts.get(name, 0.0) + value.item() / denominator
+        drafter_in = drafter if needs_logits else None
+        loss, parts = _accumulate(config, head, shards, bounds, counts, chosen, weights,
+                                  drafter_in, step / total_steps)  # fmt: skip
         grad_norm = torch.nn.utils.clip_grad_norm_(head.parameters(), config.grad_clip)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
         bar.update(1)
-        bar.set_postfix(loss=f"{loss_sum / weight_sum:.3f}")
-        run_dir.log({"event": "train", "step": step, "epoch": epoch, "loss": loss_sum / weight_sum,
+        bar.set_postfix(loss=f"{loss:.3f}")
+        run_dir.log({"event": "train", "step": step, "epoch": epoch, "loss": loss,
                      **{k: round(v, 5) for k, v in parts.items()},
                      "grad_norm": round(grad_norm.item(), 4), "lr": scheduler.get_last_lr()[0],
                      "step_s": round(time.perf_counter() - tick, 3)})  # fmt: skip
@@ -181,6 +169,24 @@ def train_from_cache(config, build_head, target=None, progress_bar: bool = True)
     run_dir.close()
     return {"initial": state["initial"], "final": state["last"], "steps": step,
             "drafter": str(artefact)}  # fmt: skip
+
+
+def _accumulate(config, head, shards, bounds, counts, chosen, weights, drafter, progress):
+    """Gradients of one step's blocks `chosen` (global indices), read shard by shard; returns
+    the step's loss, Sum w*loss / Sum w, and its named parts on the same scale."""
+    denominator = float(weights.sum()) * chosen.numel()
+    shard_of = torch.searchsorted(bounds, chosen, right=True)
+    loss, parts = 0.0, {}
+    for s in shard_of.unique().tolist():
+        rows = (chosen[shard_of == s] - (bounds[s] - counts[s])).sort().values
+        batch = head_batch(shards[s], rows, weights, drafter, progress)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.autocast):
+            out = head.training_loss(batch)
+        (out.weighted_loss / denominator).backward()
+        loss += out.weighted_loss.item() / denominator
+        for name, value in (out.parts or {}).items():
+            parts[name] = parts.get(name, 0.0) + value.item() / denominator
+    return loss, parts
 
 
 def _resume(run_dir: RunDir, head, optimizer, scheduler) -> int:

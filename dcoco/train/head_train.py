@@ -52,6 +52,7 @@ class HeadTrainConfig(DrafterTrainConfig):
     corrector_cache: bool = False
     cache_stride: int = 8
     cache_build: bool = True
+    cache_parts: int = 0
     blocks_per_step: int = 256
 
     def __post_init__(self) -> None:
@@ -109,6 +110,8 @@ HEAD_HELPS = {
     "cache_stride": "with --corrector-cache: every n-th reply position is a cached block",
     "cache_build": "with --corrector-cache: build missing shards first (--no-cache-build: train "
     "on the shards built so far)",
+    "cache_parts": "with --corrector-cache: train on the first n corpus parts only (0 = all), so "
+    "runs compare on the same blocks while the cache grows",
     "blocks_per_step": "with --corrector-cache: blocks per optimizer step",
     "init": "the drafter checkpoint to start from (required)",
 }

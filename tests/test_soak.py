@@ -1,0 +1,123 @@
+"""`dcoco soak` against a small fake OpenAI server on loopback: a correct server gives no
+difference, no 5xx and every fuzzed body a 4xx; a server that corrupts one greedy reply under load
+is caught; dropped streams are counted as disconnects, not truncations."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from dcoco.eval.soak import SoakConfig, soak
+
+ROLES = {"system", "user", "assistant"}
+
+
+def _valid(body) -> bool:
+    if not isinstance(body, dict) or body.get("model") != "fake":
+        return False
+    max_tokens, temperature = body.get("max_tokens", 16), body.get("temperature", 1.0)
+    if not isinstance(max_tokens, int) or not 0 < max_tokens <= 4096:
+        return False
+    if not isinstance(temperature, int | float) or temperature < 0:
+        return False
+    if not 0 < body.get("top_p", 1.0) <= 1:
+        return False
+    if "messages" in body:
+        messages = body["messages"]
+        return (isinstance(messages, list) and bool(messages) and all(
+            isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str)
+            for m in messages))  # fmt: skip
+    return isinstance(body.get("prompt"), str) and len(body["prompt"]) < 300
+
+
+class FakeServer(ThreadingHTTPServer):
+    corrupt_after = 0  # > 0: the greedy replies after this many are wrong
+    greedy_served = 0
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def _send(self, status: int, payload: dict) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self._send(200, {"data": [{"id": "fake"}]})
+
+    def do_POST(self):
+        raw = self.rfile.read(int(self.headers["Content-Length"]))
+        try:
+            body = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            return self._send(400, {"error": {"message": "not JSON"}})
+        if not _valid(body):
+            return self._send(400, {"error": {"message": "invalid request"}})
+        prompt = body.get("prompt") or body["messages"][-1]["content"]
+        words = [f"w{len(prompt)}x{i}" for i in range(12)]
+        if body.get("temperature", 1.0) == 0:
+            with threading.Lock():
+                self.server.greedy_served += 1
+                if 0 < self.server.corrupt_after < self.server.greedy_served:
+                    words[3] = "garbage"
+        chat = "messages" in body
+        if not body.get("stream"):
+            choice = (
+                {"message": {"content": " ".join(words)}} if chat else {"text": " ".join(words)}
+            )
+            return self._send(200, {"choices": [{**choice, "finish_reason": "length"}]})
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        try:
+            for i, word in enumerate(words):
+                text = word if i == 0 else " " + word
+                choice = {"delta": {"content": text}} if chat else {"text": text}
+                if i == len(words) - 1:
+                    choice["finish_reason"] = "length"
+                self.wfile.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
+            self.wfile.write(b"data: [DONE]\n\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client dropped the stream
+
+
+@pytest.fixture
+def server():
+    httpd = FakeServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield httpd
+    httpd.shutdown()
+
+
+def config(server, **flags) -> SoakConfig:
+    settings = dict(url=f"http://127.0.0.1:{server.server_address[1]}", clients=4,
+                    duration_s=30.0, max_requests=300, disconnect=0.3, fuzz=0.2, max_context=64,
+                    data_dir="/nonexistent", timeout_s=10.0)  # fmt: skip
+    return SoakConfig(**{**settings, **flags})
+
+
+def test_a_correct_server_passes_the_soak(server):
+    record = soak(config(server))
+    counts = record["counts"]
+    assert counts["sent"] == 300
+    assert counts.get("greedy_differs", 0) == 0
+    assert counts.get("unexpected_5xx", 0) == counts.get("unexpected_4xx", 0) == 0
+    assert counts.get("hung", 0) == counts.get("truncated", 0) == 0
+    assert counts["fuzz_4xx"] > 20 and counts["disconnected"] > 5 and counts["completed"] > 100
+    names = {example["name"] for example in record["examples"]["fuzz_4xx"]}
+    assert "unknown-role" in names or len(names) > 5
+
+
+def test_a_server_that_corrupts_greedy_replies_under_load_is_caught(server):
+    server.corrupt_after = 12 + 10  # the 12 references (6 prompts x 2 endpoints) stay right
+    counts = soak(config(server, fuzz=0.0, disconnect=0.0))["counts"]
+    assert counts["greedy_differs"] > 0
