@@ -202,3 +202,78 @@ def test_untrained_anchor_corrector_drafts_like_dflash_in_the_engine(tiny_target
     dflash = Engine(tiny_target, DFlashProposer(drafter)).generate(prompt, 24)
     assert corrected.new_ids == plain.new_ids
     assert corrected.stats.accept_lengths == dflash.stats.accept_lengths
+
+
+def counted_corrector(randomise: bool, **flags) -> Corrector:
+    """A corrector reading the pair counts of a few replies over the test vocabulary."""
+    from dcoco.data.bigram import successor_log_probs
+    from dcoco.data.distill import Sample
+
+    replies = [Sample("a", (1,), (5, 6, 7, 5, 6, 9)), Sample("b", (2,), (6, 7, 8, 5, 6))]
+    table = successor_log_probs(replies, VOCAB)
+    corrector = make_corrector(randomise, pair_counts=table[0].numel(), vocab_size=VOCAB, **flags)
+    corrector.pair_counts.fill(*table)
+    if randomise:
+        with torch.no_grad():
+            nn.init.normal_(corrector.bigram_scale)
+    return corrector
+
+
+def test_pair_counts_are_smoothed_successor_frequencies():
+    corrector = counted_corrector(False)
+    counts = corrector.pair_counts
+    got = counts(torch.tensor([5, 6, 3]), torch.tensor([6, 9, 7]))  # [3, 3]
+    denominator = {
+        5: 3 + 0.01 * VOCAB,
+        6: 3 + 0.01 * VOCAB,
+        3: 0.01 * VOCAB,
+    }  # 6 -> 7 twice, -> 9 once
+    assert got[0, 0].item() == pytest.approx(torch.tensor((3 + 0.01) / denominator[5]).log().item())
+    assert got[1, 2].item() == pytest.approx(torch.tensor((2 + 0.01) / denominator[6]).log().item())
+    assert got[2, 1].item() == pytest.approx(torch.tensor(0.01 / denominator[3]).log().item())
+
+
+@pytest.mark.parametrize("anchor", [False, True])
+def test_a_counted_corrector_starts_at_the_argmax_and_adds_its_scaled_counts(anchor):
+    hidden, logits, anchors = random_block(4, seed=6)
+    untrained = counted_corrector(False, anchor=anchor)
+    scores = untrained(hidden, logits, anchors)
+    assert torch.equal(
+        scores.transitions, scores.candidate_logits[:, 1:, None, :].expand(-1, -1, TOP_K, -1)
+    )
+    corrector = counted_corrector(True, anchor=anchor)  # delta_out = 0 except the counted term
+    with torch.no_grad():
+        nn.init.zeros_(corrector.delta_out.weight)
+        nn.init.zeros_(corrector.delta_out.bias)
+        scores = corrector(hidden, logits, anchors)
+    ids = scores.candidate_ids
+    if anchor:
+        ids = torch.cat([anchors[:, None, None].expand(-1, 1, TOP_K), ids], dim=1)
+    counted = corrector.pair_counts(ids[:, :-1], ids[:, 1:])  # [batch, pairs, K, K]
+    scale = corrector.bigram_scale[: counted.shape[1]][None, :, None, None]
+    want = scores.candidate_logits[:, 0 if anchor else 1 :, None, :] + scale * counted
+    got = scores.transitions
+    if anchor:  # the start row is the anchor's (every row of its grid is the same)
+        got = torch.cat([scores.start[:, None, None].expand(-1, 1, TOP_K, -1), got], dim=1)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+def test_pair_counts_survive_a_checkpoint_round_trip(tiny_llama_target, tmp_path):
+    from dcoco.models.head_io import load_head, save_with_head
+
+    config = DrafterConfig.for_target(tiny_llama_target, num_layers=1, block_size=4,
+                                      mask_token_id=3, target_layer_ids=(0, 1))  # fmt: skip
+    drafter = BlockDrafter(config, tiny_llama_target.embed_tokens, tiny_llama_target.lm_head)
+    from dcoco.data.bigram import successor_log_probs
+    from dcoco.data.distill import Sample
+
+    table = successor_log_probs([Sample("a", (1,), (100, 101, 102, 100, 101))], 128)
+    corrector = Corrector(
+        CorrectorConfig(64, top_k=4, mlp_hidden=8, pair_counts=table[0].numel(), vocab_size=128),
+        tiny_llama_target.embed_tokens,
+    )
+    corrector.pair_counts.fill(*table)
+    path = save_with_head(tmp_path / "ckpt", drafter, corrector, tiny_llama_target.info)
+    loaded = load_head(path, tiny_llama_target, drafter)
+    assert torch.equal(loaded.pair_counts.codes, table[0])  # int64, not rounded through bf16
+    torch.testing.assert_close(loaded.pair_counts.log_probs, table[1], rtol=1e-2, atol=0)

@@ -51,3 +51,24 @@ def _most_frequent_follower(codes: np.ndarray, vocab_size: int) -> np.ndarray:
     leading[1:] = first[1:] != first[:-1]
     table[first[leading]] = second[leading]
     return table
+
+
+def successor_log_probs(
+    samples: list[Sample], vocab_size: int, alpha: float = 0.01
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Smoothed log P(b | a) of adjacent reply tokens: (codes [pairs] int64, a * vocab + b of
+    every pair seen, sorted; their log-probs [pairs]; the log-prob of an unseen pair [vocab],
+    per first token a), with add-`alpha` smoothing over the vocabulary."""
+    replies = [np.asarray(s.response_ids, dtype=np.int64) for s in samples]
+    codes = [r[:-1] * vocab_size + r[1:] for r in replies if r.size > 1]
+    pairs, counts = np.unique(np.concatenate(codes) if codes else np.zeros(0, np.int64),
+                              return_counts=True)  # fmt: skip
+    totals = np.bincount(pairs // vocab_size, weights=counts, minlength=vocab_size)
+    denominator = totals + alpha * vocab_size
+    log_probs = np.log((counts + alpha) / denominator[pairs // vocab_size])
+    unseen = np.log(alpha / denominator)
+    return (
+        torch.from_numpy(pairs),
+        torch.from_numpy(log_probs).float(),
+        torch.from_numpy(unseen).float(),
+    )

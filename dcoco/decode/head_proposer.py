@@ -38,7 +38,8 @@ class HeadProposer(DFlashProposer):
                 f"{head.kind} head hidden size {head_hidden} does not match the drafter's "
                 f"{drafter.config.hidden_size}"
             )
-        head_vocab = getattr(head.config, "vocab_size", drafter.config.vocab_size)
+        # 0: a head that indexes no vocabulary of its own (a corrector without pair counts)
+        head_vocab = getattr(head.config, "vocab_size", 0) or drafter.config.vocab_size
         if head_vocab != drafter.config.vocab_size:
             raise DcocoError(
                 f"{head.kind} head vocab size {head_vocab} does not match the drafter's "

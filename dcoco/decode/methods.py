@@ -5,7 +5,8 @@ A method spec is `METHOD[:SELECTION][@CHECKPOINT]`:
   context has an n-gram match, the dflash drafter elsewhere);
 - SELECTION (dcoco only): the corrector's selection rule, greedy | global | discounted | top1;
 - CHECKPOINT (drafter methods): a checkpoint directory, or the name of one shipped under
-  `checkpoints/<target>/`; by default the one named like the method.
+  `checkpoints/<target>/`; by default the method's default in that directory's catalogue
+  (dcoco.models.catalogue), else the one named like the method.
 The whole spec names the method in reports, so `dcoco@dcoco-dropin` and `dcoco` sit side by side.
 """
 
@@ -16,13 +17,14 @@ from pathlib import Path
 
 from dcoco.decode.proposers import PromptLookupProposer, Proposer
 from dcoco.errors import DcocoError
+from dcoco.models.catalogue import default_checkpoint
 from dcoco.models.packed_linear import pack_linears
 from dcoco.models.selection import SELECTION_RULES
 from dcoco.models.target import TargetModel
 from dcoco.paths import checkpoints_dir
 
 DRAFTER_METHODS = ("dflash", "dcoco", "dspark", "domino", "pld-dflash")
-# Methods whose default checkpoint is named otherwise than the method.
+# Without a catalogue: methods whose default checkpoint is named otherwise than the method.
 DEFAULT_CHECKPOINT = {"pld-dflash": "dflash"}
 
 
@@ -78,7 +80,9 @@ def checkpoint_dir(spec: MethodSpec, target: TargetModel, options: MethodOptions
         return path if path.exists() or not shipped.exists() else shipped
     if options.drafter:
         return Path(options.drafter)
-    return default_drafter_dir(target, DEFAULT_CHECKPOINT.get(spec.method, spec.method))
+    catalogued = default_checkpoint(default_drafter_dir(target, ""), spec.method)
+    name = catalogued or DEFAULT_CHECKPOINT.get(spec.method, spec.method)
+    return default_drafter_dir(target, name)
 
 
 def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> Proposer | None:

@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from dcoco.errors import DcocoError
 from dcoco.models.corrector_loss import LOSSES, corrector_training_loss
 from dcoco.models.heads import HeadBatch, HeadLoss
+from dcoco.models.pair_counts import PairCounts
 from dcoco.models.selection import (
     DEFAULT_SELECTION,
     SELECTION_RULES,
@@ -47,6 +48,7 @@ FEATURES = ("logit", "normalised")
 # What delta reads of one candidate besides z: L, then (normalised) log p, p, L - L_top1,
 # rank / K, is-top-1 and is-anchor.
 FEATURE_WIDTH = {"logit": 1, "normalised": 7}
+MAX_PAIRS = 16  # slot pairs with a weight of their own for the pair counts (blocks up to 16)
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,8 @@ class CorrectorConfig:
     features: str = "logit"  # candidate features: logit (L only) or normalised
     successor_query: bool = False  # add the bilinear term <q(s_p, z_a), E[b]>
     anchor: bool = False  # re-select slot 0 from the anchor token
+    pair_counts: int = 0  # > 0: read counted log P(b | a), a table of this many pairs
+    vocab_size: int = 0  # the vocabulary the pair counts index (0 = none: no pair counts)
     loss: str = "pairs"  # training loss: pairs (one softmax over K x K) or conditional
 
     def __post_init__(self) -> None:
@@ -68,6 +72,8 @@ class CorrectorConfig:
             raise DcocoError(f"corrector features must be one of {', '.join(FEATURES)}")
         if self.loss not in LOSSES:
             raise DcocoError(f"corrector loss must be one of {', '.join(LOSSES)}")
+        if self.pair_counts < 0 or (self.pair_counts and self.vocab_size < 1):
+            raise DcocoError("a corrector with pair counts needs its vocab size")
 
 
 class Corrector(nn.Module):
@@ -108,6 +114,12 @@ class Corrector(nn.Module):
             self.query_in = nn.Linear(2 * width, width)
             self.query_out = nn.Linear(width, hidden, bias=False)
             nn.init.zeros_(self.query_out.weight)
+        if config.pair_counts:
+            # log P(b | a) enters delta's hidden layer (bigram_in) and S itself, with a weight
+            # per slot pair that starts at zero (bigram_scale), so S starts at L.
+            self.pair_counts = PairCounts(config.pair_counts, config.vocab_size)
+            self.bigram_in = nn.Parameter(torch.randn(width) / width**0.5)
+            self.bigram_scale = nn.Parameter(torch.zeros(MAX_PAIRS))
         # A tuple is not a Module, so nn.Module does not register (save, train or move) it.
         self._shared = (embed_tokens,)
 
@@ -192,9 +204,16 @@ class Corrector(nn.Module):
             + F.linear(candidates[:, :-1], w_from)[:, :, :, None]  # a at slot p
             + F.linear(candidates[:, 1:], w_to)[:, :, None, :]  # b at slot p + 1
         )  # [batch, slots' - 1, K, K, mlp_hidden]
+        counted = None
+        if self.config.pair_counts:
+            counted = self.pair_counts(ids[:, :-1], ids[:, 1:])  # [batch, slots' - 1, K, K]
+            pre = pre + (counted.clamp(min=-30.0) / 10.0).to(self.dtype)[..., None] * self.bigram_in
         delta = self.delta_out(F.silu(pre)).squeeze(-1).float()  # [batch, slots' - 1, K, K]
         if self.config.successor_query:
             delta = delta + self._query_term(pair, z[:, :-1], ids[:, 1:])
+        if counted is not None:
+            pairs = torch.arange(counted.shape[1], device=counted.device).clamp(max=MAX_PAIRS - 1)
+            delta = delta + self.bigram_scale[pairs].float()[None, :, None, None] * counted
         # L stays fp32 (not the corrector's dtype), so a bf16 corrector cannot round distinct
         # logits into ties.
         transitions = candidate_logits[:, 0 if self.config.anchor else 1 :, None, :] + delta

@@ -51,7 +51,9 @@ def save_with_head(
         for name, tensor in drafter.state_dict().items()
     }
     for name, tensor in head.state_dict().items():
-        weights[HEAD_PREFIX + name] = tensor.detach().to(dtype).contiguous()
+        # integer buffers (a corrector's pair-count codes) keep their dtype
+        cast = tensor.to(dtype) if tensor.is_floating_point() else tensor
+        weights[HEAD_PREFIX + name] = cast.detach().contiguous()
     save_file(weights, path / WEIGHTS_FILE, metadata={"format": "pt"})
     hf = json.loads((path / CONFIG_FILE).read_text())
     hf["architectures"] = [HEAD_ARCHITECTURES[head.kind]]

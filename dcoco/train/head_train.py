@@ -18,7 +18,8 @@ import sys
 from dataclasses import dataclass
 
 from dcoco.config import Command
-from dcoco.data.distill import Sample
+from dcoco.data.bigram import successor_log_probs
+from dcoco.data.distill import Sample, load_corpus, split_heldout
 from dcoco.errors import DcocoError
 from dcoco.models.head_registry import build_head, head_classes, head_kinds
 from dcoco.train.cached_head_train import train_from_cache
@@ -49,6 +50,7 @@ class HeadTrainConfig(DrafterTrainConfig):
     successor_query: bool = False
     anchor: bool = False
     loss: str = "pairs"
+    count_pairs: bool = False
     corrector_cache: bool = False
     cache_stride: int = 8
     cache_build: bool = True
@@ -65,6 +67,8 @@ class HeadTrainConfig(DrafterTrainConfig):
             raise DcocoError("train-corrector needs --init: the drafter checkpoint to start from")
         if self.corrector_cache and self.mode != "dropin":
             raise DcocoError("--corrector-cache trains a drop-in head only (--mode dropin)")
+        if self.count_pairs and self.head != "dcoco":
+            raise DcocoError("--count-pairs is a dcoco corrector option")
         if self.cache_stride < 1 or self.blocks_per_step < 1:
             raise DcocoError("--cache-stride and --blocks-per-step must be >= 1")
 
@@ -105,6 +109,8 @@ HEAD_HELPS = {
     "anchor": "dcoco: re-select slot 1 from the anchor token (start scores)",
     "loss": "dcoco: pairs (one softmax over K x K) or conditional (K-way per row, given the "
     "target's token at the previous slot)",
+    "count_pairs": "dcoco: read counted log P(b | a) of the training replies (shipped in the "
+    "checkpoint)",
     "corrector_cache": "drop-in only: train from the frozen drafter's cached outputs over the "
     "whole corpus (built once under the cache dir)",
     "cache_stride": "with --corrector-cache: every n-th reply position is a cached block",
@@ -137,7 +143,17 @@ def train(
     config = with_target_defaults(config, target)
 
     def build(drafter):
-        return build_head(config.head, config.head_fields(drafter), drafter._shared[0])
+        fields = config.head_fields(drafter)
+        table = None
+        if config.count_pairs:  # counted on the replies training may read
+            records = samples if samples is not None else load_corpus(config.corpus)
+            train_records, _ = split_heldout(records, config.heldout)
+            table = successor_log_probs(train_records, drafter.config.vocab_size)
+            fields["pair_counts"] = table[0].numel()
+        head = build_head(config.head, fields, drafter._shared[0])
+        if table is not None:
+            head.pair_counts.fill(*table)
+        return head
 
     if config.corrector_cache:
         return train_from_cache(config, build, target, progress_bar)
