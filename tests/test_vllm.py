@@ -6,10 +6,12 @@ The `vllm`-marked tests need vLLM and are skipped without it; run them in the vL
 
 They share one module fixture that runs four vLLM engines one after another, in this process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0), each eager, fp32, greedy, with one OpenMP thread, no core
-binding and a 128 MiB KV cache: plain target, the block-16 `dflash-b16`, that drafter with a
-randomised DCOCO corrector, and the shipped `dflash` (copy hints and copy gate). The server
-test then starts `dcoco serve` as a subprocess. The other tests here (pure helpers) run in any
-venv.
+binding and a 128 MiB KV cache: plain target, the plain DFlash drafter `dflash-mask` (stock
+vLLM DFlash), the shipped `dflash` (copy hints and copy gate) with a randomised DCOCO corrector
+that uses every option (normalised features, the successor term, slot 1 from the anchor, pair
+counts), and `dflash` alone. The server test then starts `dcoco serve` as a subprocess and
+soaks it briefly (disconnects, fuzzed bodies, sampled neighbours). The other tests here (pure
+helpers) run in any venv.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ PROMPTS = [
     "Give three tips for sleeping better.",
 ]
 MAX_TOKENS = 40
-SHIPPED = "dflash-b16"  # a block-16 drafter: all 15 slots go through the plugin
-SLOTS = 15
+SHIPPED = "dflash-mask"  # a plain DFlash drafter, block 8: vLLM's own DFlash path
+SLOTS = 7
 COPY = "dflash"  # the shipped drafter, block 8: copy hints and a copy gate, 7 slots
 KV_CACHE_BYTES = 128 << 20
 ENV = {
@@ -234,26 +236,36 @@ def _ours_main(shipped: str, checkpoint: str, copy: str) -> None:
 
 
 def _randomised_dcoco_checkpoint(path, target, drafter):
+    from dcoco.data.bigram import successor_log_probs
+    from dcoco.data.distill import Sample
     from dcoco.models.head_io import save_with_head
     from dcoco.models.head_registry import build_head
 
     torch.manual_seed(0)
-    fields = {"hidden_size": drafter.config.hidden_size, "top_k": 4, "mlp_hidden": 32}
+    prompts = [Sample(str(i), (), tuple(target.encode_chat(t))) for i, t in enumerate(PROMPTS)]
+    table = successor_log_probs(prompts, drafter.config.vocab_size)
+    fields = {"hidden_size": drafter.config.hidden_size, "top_k": 4, "mlp_hidden": 32,
+              "features": "normalised", "successor_query": True, "anchor": True,
+              "pair_counts": table[0].numel(), "vocab_size": drafter.config.vocab_size}  # fmt: skip
     head = build_head("dcoco", fields, target.embed_tokens)
-    with torch.no_grad():  # a non-zero output layer, so the corrector really changes drafts
+    head.pair_counts.fill(*table)
+    with torch.no_grad():  # non-zero output layers, so the corrector really changes drafts
         head.delta_out.weight.normal_(std=2.0)
+        head.query_out.weight.normal_(std=0.5)
+        head.bigram_scale.fill_(0.5)
     return save_with_head(path, drafter, head, target.info, dtype=torch.float32)
 
 
 @pytest.fixture(scope="module")
 def dcoco_checkpoint(tmp_path_factory):
-    """The shipped drafter plus a randomised DCOCO corrector, saved with save_with_head."""
+    """The shipped drafter plus a randomised DCOCO corrector with every option, saved with
+    save_with_head."""
     pytest.importorskip("vllm")
     from dcoco.models.drafter_io import load_drafter
     from dcoco.models.loading import load_target
 
     target = load_target(TARGET, dtype="fp32", device="cpu")
-    drafter = load_drafter(checkpoints_dir() / TARGET / SHIPPED, target)
+    drafter = load_drafter(checkpoints_dir() / TARGET / COPY, target)
     path = tmp_path_factory.mktemp("dcoco") / "ckpt"
     return _randomised_dcoco_checkpoint(path, target, drafter)
 
@@ -379,6 +391,7 @@ def _free_port() -> int:
 def test_dcoco_serve_answers_concurrent_requests_with_spec_metrics(dcoco_checkpoint, tmp_path):
     from dcoco.eval.serving_bench import run_level
     from dcoco.eval.serving_metrics import spec_counters
+    from dcoco.eval.soak import SoakConfig, soak
 
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
@@ -401,6 +414,16 @@ def test_dcoco_serve_answers_concurrent_requests_with_spec_metrics(dcoco_checkpo
         assert "vllm:spec_decode_num_drafts_total" in metrics
         assert spec_counters(metrics)["drafts"] > 0
         assert records[0]["tau"] is not None  # --per-request-spec-decode-metrics summary
+        # a short soak: greedy and sampled neighbours, dropped streams, fuzzed bodies
+        soaked = soak(SoakConfig(url=base, model=TARGET, clients=8, duration_s=45.0,
+                                 max_requests=400, max_tokens=24, max_context=512,
+                                 data_dir=str(tmp_path / "no-suites"), timeout_s=120.0,
+                                 server_pid=server.pid))  # fmt: skip
+        counts = soaked["counts"]
+        print("soak:", counts, "RSS growth MiB:", soaked.get("rss_growth_bytes", 0) / 2**20)
+        wrong = ("greedy_differs", "unexpected_5xx", "hung", "truncated", "malformed_reply")
+        assert not {k: counts[k] for k in wrong if counts.get(k)}, soaked["examples"]
+        assert counts.get("completed", 0) > 0 and counts.get("disconnected", 0) > 0
     finally:
         _stop(server)
         log.close()

