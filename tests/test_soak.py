@@ -121,3 +121,14 @@ def test_a_server_that_corrupts_greedy_replies_under_load_is_caught(server):
     server.corrupt_after = 12 + 10  # the 12 references (6 prompts x 2 endpoints) stay right
     counts = soak(config(server, fuzz=0.0, disconnect=0.0))["counts"]
     assert counts["greedy_differs"] > 0
+
+
+def test_prompts_come_from_the_suites_when_their_data_is_there():
+    from dcoco.eval.soak import FALLBACK_PROMPTS, _prompts
+    from dcoco.paths import data_dir
+
+    if not (data_dir() / "gsm8k.jsonl").is_file():
+        pytest.skip("no shared suite data beside the checkout")
+    prompts = _prompts(SoakConfig(suites="gsm8k,humaneval", limit=2))
+    assert len(prompts) == 4 and all(isinstance(p, str) and p for p in prompts)
+    assert _prompts(SoakConfig(data_dir="/nonexistent")) == list(FALLBACK_PROMPTS)

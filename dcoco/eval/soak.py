@@ -64,7 +64,7 @@ class SoakConfig:
 
 def _prompts(config: SoakConfig) -> list[str]:
     try:
-        return [p.text for p in load_prompts(config.data_dir, "", config.suites, config.limit)]
+        return [p.turns[0] for p in load_prompts(config.data_dir, "", config.suites, config.limit)]
     except DcocoError:
         return list(FALLBACK_PROMPTS)
 
