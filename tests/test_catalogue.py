@@ -56,7 +56,9 @@ def test_every_drafter_method_resolves_to_its_catalogued_default():
     assert set(defaults) == set(drafter_methods)
     for method in drafter_methods:
         assert default_checkpoint(ROOT, method) == defaults[method]
-        assert checkpoint_dir(parse_method(method), target, MethodOptions()) == ROOT / defaults[method]
+        assert (
+            checkpoint_dir(parse_method(method), target, MethodOptions()) == ROOT / defaults[method]
+        )
 
 
 def test_a_head_default_is_trained_over_the_default_drafter():

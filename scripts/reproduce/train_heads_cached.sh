@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The drop-in heads over the shipped drafter (checkpoints/smollm2-135m-instruct/dflash), trained
+# from the corrector cache (issue 27):
+#   1. the cache: the frozen drafter's top-32 candidates, logits and hidden states at every 8th
+#      reply position of the corpus, plus `dcoco heldout`'s own 1,771 held-out blocks
+#      (`dcoco corrector-cache`; resumable part by part);
+#   2. `variants`: the corrector's objectives and options on the same blocks (the first PARTS
+#      corpus parts) and the same budget (300 steps x 256 blocks), curves in
+#      results/smollm2-corrector-variants;
+#   3. the shipped heads, all at one budget (STEPS x 256 blocks of the first PARTS parts):
+#      dcoco-cond (the best variant), dspark-dropin and domino-dropin; `ship` copies them into
+#      checkpoints/ and measures every head on the held-out blocks in fp32.
+# Runs live under the cache dir; every stage resumes after a kill (rerun the same command).
+# Usage: scripts/reproduce/train_heads_cached.sh [cache|variants|heads|ship]
+# env: PARTS (default 14), STEPS (default 600), THREADS (per run, default 1), DCOCO
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+make -s venv
+DCOCO=${DCOCO:-.venv/bin/dcoco}
+CACHE=${DCOCO_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dcoco}
+RUNS=$CACHE/runs/heads-cached
+PARTS=${PARTS:-14}
+STEPS=${STEPS:-600}
+THREADS=${THREADS:-1}
+DEST=checkpoints/smollm2-135m-instruct
+COMMON=(--mode dropin --init dflash --corrector-cache --no-cache-build --target-dtype bf16
+  --autocast --lr 1e-3 --gamma 4 --threads "$THREADS")
+BEST=(--features normalised --anchor --successor-query --loss pairs --count-pairs)
+
+train() {  # name head steps parts [flags]: one run, skipped once finished
+  local name=$1 head=$2 steps=$3 parts=$4
+  shift 4
+  [ -f "$RUNS/$name/$head/provenance.json" ] && return 0
+  "$DCOCO" train-corrector --head "$head" --out "$RUNS/$name" --max-steps "$steps" \
+    --cache-parts "$parts" --eval-every 100 --save-every 100 "${COMMON[@]}" "$@"
+}
+
+case "${1:-heads}" in
+cache)
+  "$DCOCO" corrector-cache --drafter dflash --threads "${THREADS}"
+  ;;
+variants)
+  train v-paper dcoco 300 6 --features logit --loss pairs
+  train v-cond-all dcoco 300 6 --features normalised --anchor --successor-query --loss conditional
+  train v-pairs-all dcoco 300 6 --features normalised --anchor --successor-query --loss pairs
+  train v-cond-noanchor dcoco 300 6 --features normalised --successor-query --loss conditional
+  train v-pairs-counts dcoco 300 6 "${BEST[@]}"
+  train v-cond-counts dcoco 300 6 --features normalised --anchor --successor-query \
+    --loss conditional --count-pairs
+  "$DCOCO" train-curves "$(printf "$RUNS/%s," v-paper v-cond-all v-pairs-all v-cond-noanchor \
+    v-pairs-counts v-cond-counts | sed 's/,$//')" --slots 7 --out results/smollm2-corrector-variants
+  ;;
+heads)
+  train dcoco-cond dcoco "$STEPS" "$PARTS" "${BEST[@]}"
+  train dspark-dropin dspark "$STEPS" "$PARTS"
+  train domino-dropin domino "$STEPS" "$PARTS"
+  ;;
+ship)
+  for name in dcoco-cond:dcoco dspark-dropin:dspark domino-dropin:domino; do
+    mkdir -p "$DEST/${name%%:*}"
+    cp "$RUNS/${name%%:*}/${name##*:}"/* "$RUNS/${name%%:*}/train_log.jsonl" "$DEST/${name%%:*}/"
+  done
+  "$DCOCO" heldout --methods "dflash,dcoco@dcoco-cond,dcoco:global@dcoco-cond,dcoco@dcoco-dropin,dspark@dspark-dropin,domino@domino-dropin" \
+    --slots 3,7 --dtype fp32 --threads 2 --out results/smollm2-heldout-heads
+  ;;
+*)
+  echo "usage: $0 [cache|variants|heads|ship]" >&2
+  exit 2
+  ;;
+esac
