@@ -33,6 +33,7 @@ from dcoco.decode.methods import check_method
 from dcoco.decode.session import DecodeConfig, make_engine, open_target
 from dcoco.errors import DcocoError
 from dcoco.eval import report
+from dcoco.eval.run_record import method_checkpoints, write_run_record
 from dcoco.eval.samples import (
     SampleKey,
     SampleWriter,
@@ -70,6 +71,7 @@ class BenchConfig(DecodeConfig):
 
 def run(config: BenchConfig) -> int:
     run_dir = run_bench(config)
+    write_run_record(run_dir, "bench", config, method_checkpoints(config.methods, config.target))
     print(report.console_summary(json.loads((run_dir / report.SUMMARY_FILE).read_text())))
     print(f"results: {run_dir}", file=sys.stderr)
     return 0

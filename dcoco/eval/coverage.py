@@ -24,6 +24,7 @@ from dcoco.config import Command
 from dcoco.data.distill import Sample, load_corpus, split_heldout
 from dcoco.decode.methods import default_drafter_dir
 from dcoco.errors import DcocoError
+from dcoco.eval.run_record import write_run_record
 from dcoco.models.drafter_io import load_drafter
 from dcoco.models.loading import DEFAULT_TARGET, load_target
 from dcoco.paths import default_corpus, portable_record
@@ -63,6 +64,7 @@ def run(config: CoverageConfig) -> int:
         config.corpus = config.corpus or str(default_corpus(config.target))
     result = measure(config)
     out = write(result, Path(config.out))
+    write_run_record(Path(config.out), "coverage", config)
     slots = result["per_slot"]
     print(f"slot  top1   top{config.top_k}   top{config.top_k}|top1 wrong")
     for slot, row in enumerate(slots, start=1):

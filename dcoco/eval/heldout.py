@@ -37,6 +37,7 @@ from dcoco.decode.methods import (
 )
 from dcoco.errors import DcocoError
 from dcoco.eval.heldout_lookup import lookup_corrects
+from dcoco.eval.run_record import method_checkpoints, write_run_record
 from dcoco.models.copy_hints import NO_HINT
 from dcoco.models.drafter_io import WEIGHTS_FILE
 from dcoco.models.heads import select_draft
@@ -74,6 +75,7 @@ def run(config: HeldoutConfig) -> int:
     (out / JSON_FILE).write_text(json.dumps(portable_record(result), indent=2) + "\n")
     table = markdown_table(result)
     (out / TABLE_FILE).write_text(table + "\n")
+    write_run_record(out, "heldout", config, method_checkpoints(config.methods, config.target))
     print(table)
     print(f"held-out acceptance: {out}", file=sys.stderr)
     return 0

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from dcoco.config import Command
 from dcoco.errors import DcocoError
+from dcoco.eval.run_record import write_run_record
 from dcoco.eval.serving_bench_report import (
     compare_table,
     console_table,
@@ -73,6 +74,7 @@ def run(config: BenchServeConfig) -> int:
         print(plot_throughput(results, out / PLOT_FILE) or "matplotlib is not installed")
         return 0
     result, out = run_bench_serve(config)
+    write_run_record(out, "bench-serve", config)
     print(console_table(result))
     print(f"results: {out}", file=sys.stderr)
     return 0

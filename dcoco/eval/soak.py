@@ -25,6 +25,7 @@ from pathlib import Path
 
 from dcoco.config import Command
 from dcoco.errors import DcocoError
+from dcoco.eval.run_record import write_run_record
 from dcoco.eval.serving_bench import served_model
 from dcoco.eval.soak_requests import fuzzed_bodies, pick_fuzz, request_body, send
 from dcoco.eval.suites import load_prompts
@@ -204,6 +205,7 @@ def run(config: SoakConfig) -> int:
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "soak.json").write_text(json.dumps(record, indent=2) + "\n")
+    write_run_record(out, "soak", config)
     print(json.dumps(record["counts"], indent=1))
     if "rss_growth_bytes" in record:
         growth = record["rss_growth_bytes"] / 2**20

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from dcoco.config import Command
 from dcoco.errors import DcocoError
+from dcoco.eval.run_record import write_run_record
 
 
 @dataclass
@@ -121,6 +122,7 @@ def run(config: TrainCurvesConfig) -> int:
     curves = {log["name"]: log["evals"] for log in logs}
     (out / "curves.json").write_text(json.dumps({"rows": rows, "curves": curves}, indent=1) + "\n")
     plotted = write_plot(logs, out / "curves.png")
+    write_run_record(out, "train-curves", config)
     print(table)
     print(f"curves: {out}" + ("" if plotted else " (no plot: matplotlib missing)"), file=sys.stderr)
     return 0

@@ -41,7 +41,7 @@ API_SERVER = "vllm.entrypoints.openai.api_server"
 @dataclass
 class ServeConfig:
     method: str = "dflash"  # METHOD[:SELECTION][@CHECKPOINT], METHOD in METHODS
-    checkpoint: str = ""  # drafter dir; empty = checkpoints/<target>/<method>
+    checkpoint: str = ""  # drafter dir; empty = the method's catalogued default checkpoint
     target: str = DEFAULT_TARGET  # embedded name or Hugging Face model directory
     host: str = "127.0.0.1"  # address the server listens on
     port: int = 8000  # port the server listens on
@@ -54,6 +54,7 @@ class ServeConfig:
     served_model_name: str = ""  # empty = the target's name
     per_request_metrics: bool = True  # each response carries its own acceptance metrics
     seed: int = 0  # vLLM's sampling seed
+    shutdown_timeout: int = 30  # on SIGTERM, seconds to finish in-flight requests (0 = abort)
     vllm_args: str = ""  # extra arguments for vLLM's api_server, as one shell-quoted string
     python: str = ""  # the interpreter with vLLM; empty = this one, else the vLLM venv's
     layout: str = "auto"  # process layout: auto (timed once per machine) | vllm-default | all-cores
@@ -115,6 +116,8 @@ def build_command(config: ServeConfig) -> tuple[str, list[str]]:
     spec = _method_spec(config)
     if config.port <= 0 or config.max_model_len <= 0 or config.kv_cache_gib <= 0:
         raise DcocoError("port, max-model-len and kv-cache-gib must all be > 0")
+    if config.shutdown_timeout < 0:
+        raise DcocoError("shutdown-timeout must be >= 0")
     from dcoco.models.loading import resolve_target
 
     target_dir = resolve_target(config.target)
@@ -129,6 +132,7 @@ def build_command(config: ServeConfig) -> tuple[str, list[str]]:
         "--max-model-len", str(config.max_model_len),
         "--kv-cache-memory-bytes", str(int(config.kv_cache_gib * (1 << 30))),
         "--seed", str(config.seed),
+        "--shutdown-timeout", str(config.shutdown_timeout),  # vLLM drains, then exits
     ]  # fmt: skip
     if config.enforce_eager:
         argv.append("--enforce-eager")

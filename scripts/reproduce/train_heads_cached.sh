@@ -8,7 +8,7 @@
 #      corpus parts) and the same budget (300 steps x 256 blocks), curves in
 #      results/smollm2-corrector-variants;
 #   3. the shipped heads, all at one budget (STEPS x 256 blocks of the first PARTS parts):
-#      dcoco-cond (the best variant), dspark-dropin and domino-dropin; `ship` copies them into
+#      dcoco-counted (the best variant), dspark-dropin and domino-dropin; `ship` copies them into
 #      checkpoints/ and measures every head on the held-out blocks in fp32.
 # Runs live under the cache dir; every stage resumes after a kill (rerun the same command).
 # Usage: scripts/reproduce/train_heads_cached.sh [cache|variants|heads|ship]
@@ -51,17 +51,20 @@ variants)
     v-pairs-counts v-cond-counts | sed 's/,$//')" --slots 7 --out results/smollm2-corrector-variants
   ;;
 heads)
-  train dcoco-cond dcoco "$STEPS" "$PARTS" "${BEST[@]}"
+  train dcoco-counted dcoco "$STEPS" "$PARTS" "${BEST[@]}"
   train dspark-dropin dspark "$STEPS" "$PARTS"
   train domino-dropin domino "$STEPS" "$PARTS"
   ;;
 ship)
-  for name in dcoco-cond:dcoco dspark-dropin:dspark domino-dropin:domino; do
+  for name in dcoco-counted:dcoco dspark-dropin:dspark domino-dropin:domino; do
     mkdir -p "$DEST/${name%%:*}"
     cp "$RUNS/${name%%:*}/${name##*:}"/* "$RUNS/${name%%:*}/train_log.jsonl" "$DEST/${name%%:*}/"
   done
-  "$DCOCO" heldout --methods "dflash,dcoco@dcoco-cond,dcoco:global@dcoco-cond,dcoco@dcoco-dropin,dspark@dspark-dropin,domino@domino-dropin" \
-    --slots 3,7 --dtype fp32 --threads 2 --out results/smollm2-heldout-heads
+  METHODS=dflash,dcoco@dcoco-counted,dcoco:global@dcoco-counted,dspark@dspark-dropin
+  METHODS+=,domino@domino-dropin,dcoco@dcoco-dropin,pld,pld-dflash,dflash@dflash-mask
+  METHODS+=,dcoco@dcoco-dropin-mask
+  "$DCOCO" heldout --methods "$METHODS" --slots 3,7 --dtype fp32 --threads 2 \
+    --out results/smollm2-heldout-heads
   ;;
 *)
   echo "usage: $0 [cache|variants|heads|ship]" >&2

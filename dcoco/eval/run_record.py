@@ -1,0 +1,94 @@
+"""`<out>/run.json`: what a result was measured with, written beside every result a command writes.
+
+date (UTC), git commit (and whether the tree had changes), the machine (CPU model, the flags that
+decide CPU speed: AVX2, AVX-512, AVX-512 bf16, AMX; cores; an accelerator if any), torch's
+version, the command line, the config (precision included) and the checkpoints it read, each by
+its drafter digest (dcoco.models.catalogue). `scripts/reproduce/results_index.py` builds
+results/INDEX.md from these records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from dcoco.models.catalogue import drafter_digest
+from dcoco.paths import REPO_ROOT, portable_record
+
+RUN_FILE = "run.json"
+SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def machine() -> dict:
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    except OSError:
+        pass
+    record = {"cpu": model, "flags": [f for f in SPEED_FLAGS if f in flags],
+              "cores": os.cpu_count()}  # fmt: skip
+    if torch.cuda.is_available():
+        record["gpu"] = torch.cuda.get_device_name(0)
+    return record
+
+
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                              timeout=10, check=True)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip()
+
+
+def method_checkpoints(methods, target: str) -> dict:
+    """spec -> checkpoint directory, for the drafter methods among `methods` (as `target`'s
+    defaults resolve them)."""
+    from dcoco.decode.methods import DRAFTER_METHODS, MethodOptions, checkpoint_dir, parse_method
+
+    named = SimpleNamespace(name=Path(target).name)
+    found = {}
+    for method in methods:
+        spec = parse_method(method)
+        if spec.method in DRAFTER_METHODS:
+            found[method] = checkpoint_dir(spec, named, MethodOptions())
+    return found
+
+
+def write_run_record(out: str | Path, command: str, config, checkpoints: dict | None = None):
+    """Write `<out>/run.json` for a result of `command` measured with `config` (a dataclass)
+    and `checkpoints` (name -> directory)."""
+    digests = {}
+    for name, path in (checkpoints or {}).items():
+        try:
+            digests[name] = drafter_digest(Path(path))
+        except (OSError, RuntimeError):  # a missing or unreadable checkpoint: recorded as such
+            digests[name] = None
+    record = {
+        "command": command,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "commit": _git("rev-parse", "HEAD"),
+        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "machine": machine(),
+        "torch": torch.__version__,
+        "argv": sys.argv,
+        "config": dataclasses.asdict(config),
+        "checkpoints": digests,
+    }
+    path = Path(out) / RUN_FILE
+    path.write_text(json.dumps(portable_record(record), indent=2) + "\n")
+    return path
