@@ -53,7 +53,7 @@ def summary_row(log: dict, slots: int) -> dict:
         "steps": last["step"] if last else 0,
         "seconds": round(last["seconds"]) if last else 0,
         "blocks": sum(t.get("blocks", 0) for t in log["trains"]),
-        "loss": last["loss"] if last else None,
+        "loss": last.get("loss") if last else None,  # corrector-cache runs log none
         "slot_acc": last["slot_acc"][:slots] if last else [],
         "accept": last["accept"] if last else None,
         "tau_3": last.get("tau_3") if last else None,

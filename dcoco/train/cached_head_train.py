@@ -151,6 +151,7 @@ def train_from_cache(config, build_head, target=None, progress_bar: bool = True)
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.3f}")
         run_dir.log({"event": "train", "step": step, "epoch": epoch, "loss": loss,
+                     "blocks": chosen.numel(),
                      **{k: round(v, 5) for k, v in parts.items()},
                      "grad_norm": round(grad_norm.item(), 4), "lr": scheduler.get_last_lr()[0],
                      "step_s": round(time.perf_counter() - tick, 3)})  # fmt: skip
