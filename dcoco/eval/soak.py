@@ -59,7 +59,7 @@ class SoakConfig:
     limit: int = 4  # prompts per suite
     timeout_s: float = 120.0  # a request without a reply by then counts as hung
     server_pid: int = 0  # sample this process tree's RSS; 0 = do not
-    seed: int = 0
+    seed: int = 0  # the clients' random choices (what to send, when to drop)
     out: str = "results/soak"  # output dir: soak.json
 
 
