@@ -143,3 +143,20 @@ def test_a_corrector_trained_from_the_cache_corrects_its_frozen_drafter(
     prompt = [50, 60, 70, 10, 20, 21, 22, 10]
     plain = Engine(tiny_llama_target).generate(prompt, 30)
     assert Engine(tiny_llama_target, proposer).generate(prompt, 30).new_ids == plain.new_ids
+
+
+def test_pair_counts_come_from_parts_the_corrector_does_not_train_on(trained_drafter, tmp_path):
+    from dcoco.data.distill import load_corpus, read_part, split_heldout
+    from dcoco.errors import DcocoError
+    from dcoco.train.head_train import count_records
+
+    path, corpus = trained_drafter
+    config = cached_config(tmp_path / "x", path, corpus, count_pairs=True, cache_parts=1)
+    counted = {s.id for s in count_records(config)}
+    trained_on = {s.id for s in read_part(corpus / "part-0000.jsonl")}
+    _, heldout = split_heldout(load_corpus(corpus), config.heldout)
+    assert counted and not counted & trained_on and not counted & {s.id for s in heldout}
+    with pytest.raises(DcocoError, match="--cache-parts"):
+        cached_config(tmp_path / "y", path, corpus, count_pairs=True)
+    with pytest.raises(DcocoError, match="leaves no corpus part"):
+        count_records(cached_config(tmp_path / "z", path, corpus, count_pairs=True, cache_parts=2))

@@ -95,9 +95,9 @@ def _main(kind: str, work: Path, out: Path) -> None:
     if not corpus.is_dir():
         write_corpus(samples, corpus, parts=6)
     cached = dict(corpus=str(corpus), corrector_cache=True, cache_stride=1, blocks_per_step=64,
-                  features="normalised", anchor=True, loss="conditional")  # fmt: skip
-    config = HeadTrainConfig(out=str(out), max_steps=2000, count_pairs=True, **head, **cached,
-                             **settings)  # fmt: skip
+                  features="normalised", anchor=True, loss="conditional", count_pairs=True,
+                  cache_parts=3)  # fmt: skip
+    config = HeadTrainConfig(out=str(out), max_steps=2000, **head, **cached, **settings)
     train_head(config, target=target, progress_bar=False)
     (out / "done.json").write_text(json.dumps({"kind": kind}))
 

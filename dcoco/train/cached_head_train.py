@@ -25,6 +25,7 @@ from dcoco.models.drafter_io import load_drafter
 from dcoco.models.head_io import save_with_head
 from dcoco.models.heads import Candidates, HeadBatch
 from dcoco.models.loading import load_target
+from dcoco.paths import portable
 from dcoco.train.blocks import slot_weights
 from dcoco.train.corrector_cache import CorrectorCacheConfig, drafter_path, open_cache
 from dcoco.train.loop import warmup_cosine
@@ -129,7 +130,7 @@ def train_from_cache(config, build_head, target=None, progress_bar: bool = True)
     run_dir = RunDir(config.out)
     step = _resume(run_dir, head, optimizer, scheduler)
     run_dir.log({"event": "resume" if step else "start", "step": step, "total_steps": total_steps,
-                 "train_blocks": total, "cache": str(root), "head": head.kind})  # fmt: skip
+                 "train_blocks": total, "cache": portable(root), "head": head.kind})  # fmt: skip
     state = {"initial": None, "last": None, "started": time.time()}
     if step == 0:
         state["initial"] = evaluate(head, heldout, weights, drafter if needs_logits else None)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from dcoco.config import Command
 from dcoco.data.bigram import successor_log_probs
-from dcoco.data.distill import Sample, load_corpus, split_heldout
+from dcoco.data.distill import Sample, corpus_parts, load_corpus, read_part, split_heldout
 from dcoco.errors import DcocoError
 from dcoco.models.head_registry import build_head, head_classes, head_kinds
 from dcoco.train.cached_head_train import train_from_cache
@@ -69,6 +69,12 @@ class HeadTrainConfig(DrafterTrainConfig):
             raise DcocoError("--corrector-cache trains a drop-in head only (--mode dropin)")
         if self.count_pairs and self.head != "dcoco":
             raise DcocoError("--count-pairs is a dcoco corrector option")
+        if self.count_pairs and not (self.corrector_cache and self.cache_parts > 0):
+            raise DcocoError(
+                "--count-pairs needs --corrector-cache and --cache-parts N: the pairs are counted "
+                "on the parts after the first N, which it does not train on (counts of its own "
+                "training replies would hand it the labels)"
+            )
         if self.cache_stride < 1 or self.blocks_per_step < 1:
             raise DcocoError("--cache-stride and --blocks-per-step must be >= 1")
 
@@ -109,8 +115,8 @@ HEAD_HELPS = {
     "anchor": "dcoco: re-select slot 1 from the anchor token (start scores)",
     "loss": "dcoco: pairs (one softmax over K x K) or conditional (K-way per row, given the "
     "target's token at the previous slot)",
-    "count_pairs": "dcoco: read counted log P(b | a) of the training replies (shipped in the "
-    "checkpoint)",
+    "count_pairs": "dcoco: read counted log P(b | a) of adjacent reply tokens, counted on the "
+    "corpus parts after --cache-parts (shipped in the checkpoint)",
     "corrector_cache": "drop-in only: train from the frozen drafter's cached outputs over the "
     "whole corpus (built once under the cache dir)",
     "cache_stride": "with --corrector-cache: every n-th reply position is a cached block",
@@ -145,10 +151,8 @@ def train(
     def build(drafter):
         fields = config.head_fields(drafter)
         table = None
-        if config.count_pairs:  # counted on the replies training may read
-            records = samples if samples is not None else load_corpus(config.corpus)
-            train_records, _ = split_heldout(records, config.heldout)
-            table = successor_log_probs(train_records, drafter.config.vocab_size)
+        if config.count_pairs:
+            table = successor_log_probs(count_records(config), drafter.config.vocab_size)
             fields["pair_counts"] = table[0].numel()
         head = build_head(config.head, fields, drafter._shared[0])
         if table is not None:
@@ -161,6 +165,18 @@ def train(
         build=build, train_drafter=config.mode == "joint", loss_weight=config.head_loss_weight
     )
     return run_training(config, target, samples, progress_bar, head_setup=setup)
+
+
+def count_records(config: HeadTrainConfig) -> list[Sample]:
+    """The replies the pair counts come from: the corpus parts after the first `cache_parts`
+    (the corrector trains on those), less the held-out split."""
+    parts = corpus_parts(config.corpus)[config.cache_parts :]
+    if not parts:
+        raise DcocoError(f"--cache-parts {config.cache_parts} leaves no corpus part to count on")
+    records = load_corpus(config.corpus)
+    _, heldout = split_heldout(records, config.heldout)
+    counted = {s.id for part in parts for s in read_part(part)} - {s.id for s in heldout}
+    return [s for s in records if s.id in counted]
 
 
 COMMAND = Command(
