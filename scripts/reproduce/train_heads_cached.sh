@@ -8,18 +8,21 @@
 #      corpus parts) and the same budget (300 steps x 256 blocks), curves in
 #      results/smollm2-corrector-variants;
 #   3. the shipped heads, all at one budget (STEPS x 256 blocks of the first PARTS parts):
-#      dcoco-counted (the best variant), dspark-dropin and domino-dropin; `ship` copies them into
-#      checkpoints/ and measures every head on the held-out blocks in fp32.
+#      dcoco-counted (the best variant; its pair counts come from the parts after PARTS),
+#      dspark-dropin and domino-dropin; `ship` copies them into checkpoints/ and measures every
+#      head on the held-out blocks in fp32.
+# The variants' pair-count rows in docs/training.md were measured with counts of every training
+# reply (a leak since fixed); rerun, they count on the parts after the first 6.
 # Runs live under the cache dir; every stage resumes after a kill (rerun the same command).
 # Usage: scripts/reproduce/train_heads_cached.sh [cache|variants|heads|ship]
-# env: PARTS (default 14), STEPS (default 600), THREADS (per run, default 1), DCOCO
+# env: PARTS (default 24), STEPS (default 600), THREADS (per run, default 1), DCOCO
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 make -s venv
 DCOCO=${DCOCO:-.venv/bin/dcoco}
 CACHE=${DCOCO_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dcoco}
 RUNS=$CACHE/runs/heads-cached
-PARTS=${PARTS:-14}
+PARTS=${PARTS:-24}
 STEPS=${STEPS:-600}
 THREADS=${THREADS:-1}
 DEST=checkpoints/smollm2-135m-instruct
