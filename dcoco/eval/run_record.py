@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import torch
 
 from dcoco.models.catalogue import drafter_digest
-from dcoco.paths import REPO_ROOT, portable_record
+from dcoco.paths import REPO_ROOT, portable, portable_record
 
 RUN_FILE = "run.json"
 SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
@@ -85,7 +85,11 @@ def write_run_record(out: str | Path, command: str, config, checkpoints: dict | 
         "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
         "machine": machine(),
         "torch": torch.__version__,
-        "argv": sys.argv,
+        # comma lists of paths (--methods a@/x,b@/y; train-curves' runs) made portable item by item
+        "argv": [
+            ",".join(portable(p) if p.startswith("/") else p for p in a.split(","))
+            for a in sys.argv
+        ],
         "config": dataclasses.asdict(config),
         "checkpoints": digests,
     }

@@ -54,7 +54,9 @@ def _row(folder: Path) -> str:
     precision = config.get("dtype") or config.get("target_dtype") or "–"
     cpu = f"{machine['cpu']} ({', '.join(machine['flags']) or 'no AVX2'}, {machine['cores']} cores)"
     digests = ", ".join(f"{k}: {(v or '?')[:8]}" for k, v in record["checkpoints"].items()) or "–"
-    command = " ".join(["dcoco", *record["argv"][1:]]) if record["argv"] else record["command"]
+    argv = record["argv"] or [record["command"]]
+    program = "dcoco" if argv[0].endswith("dcoco") else f"python {argv[0]}"
+    command = " ".join([program, *argv[1:]])
     commit = (record["commit"] or "–")[:7] + (" (dirty)" if record.get("dirty") else "")
     return (f"| [{name}]({name}/) | {record['command']}, {status} | {record['date'][:10]} | "
             f"{commit} | {cpu} | {precision} | {digests} | `{command}` |")  # fmt: skip
