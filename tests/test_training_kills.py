@@ -31,6 +31,22 @@ def _run_in_subprocess(kind: str, work: Path, out: Path) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
 
 
+def _last_step(out: Path) -> int:
+    """The last train step the run logged (its log survives kills; a torn last line is skipped)."""
+    path = out / "train_log.jsonl"
+    if not path.is_file():
+        return 0
+    steps = [0]
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("event") == "train":
+            steps.append(record["step"])
+    return steps[-1]
+
+
 def _final_state(out: Path) -> dict:
     state = torch.load(out / "ckpt" / "state.pt", weights_only=True)
     weights = state.get("head") or state["model"]
@@ -47,8 +63,13 @@ def test_five_random_kills_leave_the_weights_of_an_unkilled_run(kind, tmp_path):
     kills = 0
     while kills < KILLS:
         run = _run_in_subprocess(kind, tmp_path, killed_out)
-        time.sleep(rng.uniform(4.5, 7.5))  # past the imports, somewhere in training
-        if run.poll() is not None:  # finished before the kill: start over from scratch
+        # kill at a random moment after a random number of further steps (never before the
+        # run is training, and never after it is done: each kill lands mid-run)
+        target = _last_step(killed_out) + rng.randint(5, 50)
+        while _last_step(killed_out) < target and run.poll() is None:
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 0.3))
+        if run.poll() is not None:
             assert run.returncode == 0, run.stderr.read().decode()[-2000:]
             break
         run.send_signal(signal.SIGKILL)
