@@ -103,29 +103,19 @@ def train_from_cache(config, build_head, target=None, progress_bar: bool = True)
     if config.threads > 0:
         torch.set_num_threads(config.threads)
     target = target or load_target(config.target, config.target_dtype, config.device or None)
-    cache = CorrectorCacheConfig(
-        drafter=config.init, target=config.target, corpus=config.corpus,
-        dtype=config.target_dtype, stride=config.cache_stride, top_k=max(32, config.top_k),
-        heldout=config.heldout, threads=config.threads, build=config.cache_build,
-    )  # fmt: skip
-    shards, heldout, root = open_cache(cache, target, progress_bar)
-    shards = shards[: config.cache_parts or None]
+    shards, heldout, root = _open_cache(config, target, progress_bar)
     drafter = load_drafter(
         drafter_path(config.init, target), target, dtype=torch.float32
     ).requires_grad_(False)
     torch.manual_seed(config.seed)
     head = build_head(drafter).float()
-    needs_logits = head.kind != "dcoco"
+    logits_from = drafter if head.kind != "dcoco" else None  # the corrector reads candidates
     counts = torch.tensor([_blocks_of(s) for s in shards])
     bounds = counts.cumsum(0)
     total = int(bounds[-1])
     per_epoch = math.ceil(total / config.blocks_per_step)
     total_steps = config.max_steps or config.epochs * per_epoch
-    optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    warmup = max(1, math.ceil(config.warmup_ratio * total_steps))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: warmup_cosine(step, warmup, total_steps)
-    )
+    optimizer, scheduler = _optimizer(config, head, total_steps)
     weights = slot_weights(drafter.config.block_size, config.gamma)[1:]
     run_dir = RunDir(config.out)
     step = _resume(run_dir, head, optimizer, scheduler)
@@ -133,7 +123,7 @@ def train_from_cache(config, build_head, target=None, progress_bar: bool = True)
                  "train_blocks": total, "cache": portable(root), "head": head.kind})  # fmt: skip
     state = {"initial": None, "last": None, "started": time.time()}
     if step == 0:
-        state["initial"] = evaluate(head, heldout, weights, drafter if needs_logits else None)
+        state["initial"] = evaluate(head, heldout, weights, logits_from)
         run_dir.log({"event": "eval", "step": 0, **state["initial"]})
     bar = tqdm(total=total_steps, initial=step, unit="step", disable=not progress_bar)
     while step < total_steps:
@@ -141,9 +131,8 @@ def train_from_cache(config, build_head, target=None, progress_bar: bool = True)
         epoch, index = divmod(step, per_epoch)
         order = torch.randperm(total, generator=torch.Generator().manual_seed(config.seed + epoch))
         chosen = order[index * config.blocks_per_step : (index + 1) * config.blocks_per_step]
-        drafter_in = drafter if needs_logits else None
         loss, parts = _accumulate(config, head, shards, bounds, counts, chosen, weights,
-                                  drafter_in, step / total_steps)  # fmt: skip
+                                  logits_from, step / total_steps)  # fmt: skip
         grad_norm = torch.nn.utils.clip_grad_norm_(head.parameters(), config.grad_clip)
         optimizer.step()
         scheduler.step()
@@ -157,7 +146,7 @@ def train_from_cache(config, build_head, target=None, progress_bar: bool = True)
                      "grad_norm": round(grad_norm.item(), 4), "lr": scheduler.get_last_lr()[0],
                      "step_s": round(time.perf_counter() - tick, 3)})  # fmt: skip
         if step % config.eval_every == 0 or step == total_steps:
-            state["last"] = evaluate(head, heldout, weights, drafter if needs_logits else None)
+            state["last"] = evaluate(head, heldout, weights, logits_from)
             run_dir.log({"event": "eval", "step": step, **state["last"]})
             bar.write(f"step {step}: held-out tau3 {state['last']['tau_3']:.3f} "
                       f"tau7 {state['last']['tau_7']:.3f}")  # fmt: skip
@@ -171,6 +160,28 @@ def train_from_cache(config, build_head, target=None, progress_bar: bool = True)
     run_dir.close()
     return {"initial": state["initial"], "final": state["last"], "steps": step,
             "drafter": str(artefact)}  # fmt: skip
+
+
+def _open_cache(config, target, progress_bar: bool):
+    """(training shards, held-out shard, cache dir) of the run: its drafter's cache, built where
+    missing with `cache_build`, cut to the first `cache_parts` parts."""
+    cache = CorrectorCacheConfig(
+        drafter=config.init, target=config.target, corpus=config.corpus,
+        dtype=config.target_dtype, stride=config.cache_stride, top_k=max(32, config.top_k),
+        heldout=config.heldout, threads=config.threads, build=config.cache_build,
+    )  # fmt: skip
+    shards, heldout, root = open_cache(cache, target, progress_bar)
+    return shards[: config.cache_parts or None], heldout, root
+
+
+def _optimizer(config, head, total_steps: int):
+    """AdamW with the shared loop's warmup-cosine schedule."""
+    optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    warmup = max(1, math.ceil(config.warmup_ratio * total_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: warmup_cosine(step, warmup, total_steps)
+    )
+    return optimizer, scheduler
 
 
 def _accumulate(config, head, shards, bounds, counts, chosen, weights, drafter, progress):
