@@ -39,7 +39,7 @@ from dcoco.models.drafter_io import WEIGHTS_FILE, load_drafter
 from dcoco.models.loading import DEFAULT_TARGET, load_target
 from dcoco.paths import cache_dir, default_corpus, portable
 from dcoco.train.block_pass import AnchorRule, Item, block_chunks
-from dcoco.train.feature_cache import _batches, part_key
+from dcoco.train.feature_cache import length_batches, part_key
 
 FORMAT_VERSION = 1
 FIELDS = (
@@ -110,7 +110,7 @@ def _shard(drafter, target, samples: list[Sample], anchors_of, top_k: int, bar) 
     taps = tuple(drafter.config.target_layer_ids)
     rows: list[dict] = []
     with torch.inference_mode():
-        for batch in _batches(samples, 4096):
+        for batch in length_batches(samples, 4096):
             width = max(s.num_tokens for s in batch)
             ids = torch.zeros(len(batch), width, dtype=torch.long)
             for i, sample in enumerate(batch):

@@ -91,7 +91,7 @@ def _load_index(bin_path: Path) -> Shard | None:
     return Shard(bin_path, rows, dims, records)
 
 
-def _batches(samples: list[Sample], max_tokens: int) -> list[list[Sample]]:
+def length_batches(samples: list[Sample], max_tokens: int) -> list[list[Sample]]:
     """Length-sorted batches whose padded size stays within `max_tokens` (one long record may
     exceed it alone)."""
     batches, current = [], []
@@ -113,7 +113,7 @@ def _build_shard(target, taps, samples, bin_path: Path, batch_tokens: int, bar) 
     # write their own file and the last rename wins, both complete.
     staging = bin_path.with_suffix(f".{os.getpid()}.partial")
     out = np.memmap(staging, dtype=np.int16, mode="w+", shape=(max(row, 1), dims))
-    for batch in _batches(samples, batch_tokens):
+    for batch in length_batches(samples, batch_tokens):
         width = max(s.num_tokens for s in batch)
         ids = torch.full((len(batch), width), PAD_ID, dtype=torch.long)
         for i, sample in enumerate(batch):
