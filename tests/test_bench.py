@@ -241,7 +241,7 @@ def test_heldout_on_a_bench_run_rebuilds_its_prompts(run_dir, target, tmp_path):
     drafter = BlockDrafter(config, target.embed_tokens, target.lm_head)
     path = save_drafter(tmp_path / "d", drafter, target.info, torch.float32)
     settings = HeldoutConfig(methods=(f"dflash@{path}",), slots=(1, 3), anchors_per_seq=0,
-                             bench_run=str(run_dir))  # fmt: skip
+                             bench_run=str(run_dir), oracle_k=0)  # fmt: skip
     result = measure(settings, target=target)
     (row,) = result["methods"].values()
     assert set(row["suites"]) == {"gsm8k", "mtbench"}

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 import threading
@@ -253,6 +254,13 @@ def test_serve_command_plain_and_bad_setups(serve_dirs):
     target, drafter = serve_dirs
     _, argv = build_command(ServeConfig(method="plain", target=str(target), python="/opt/py"))
     assert "--speculative-config" not in argv and "--per-request-spec-decode-metrics" not in argv
+    guard = argv[argv.index("--middleware") + 1]  # vLLM imports it by this path
+    module, name = guard.rsplit(".", 1)
+    assert callable(getattr(importlib.import_module(module), name))
+    _, argv = build_command(
+        ServeConfig(method="plain", target=str(target), python="/opt/py", request_guard=False)
+    )
+    assert "--middleware" not in argv
     with pytest.raises(DcocoError, match="needs a dcoco head.*plain drafter"):
         build_command(ServeConfig(method="dcoco", target=str(target), checkpoint=str(drafter)))
     with pytest.raises(DcocoError, match="no dspark checkpoint"):

@@ -160,3 +160,32 @@ def test_pair_counts_come_from_parts_the_corrector_does_not_train_on(trained_dra
         cached_config(tmp_path / "y", path, corpus, count_pairs=True)
     with pytest.raises(DcocoError, match="leaves no corpus part"):
         count_records(cached_config(tmp_path / "z", path, corpus, count_pairs=True, cache_parts=2))
+
+
+def test_a_joint_run_with_pair_counts_trains_only_on_its_parts(
+    tiny_llama_target, trained_drafter, tmp_path, monkeypatch
+):
+    from dcoco.data.distill import load_corpus, read_part, split_heldout
+    from dcoco.train import loop
+
+    monkeypatch.setenv("DCOCO_CACHE_DIR", str(tmp_path / "cache"))
+    runs, real_setup = [], loop.setup
+
+    def setup(*args, **kwargs):
+        runs.append(real_setup(*args, **kwargs))
+        return runs[-1]
+
+    monkeypatch.setattr(loop, "setup", setup)
+    path, corpus = trained_drafter
+    config = cached_config(tmp_path / "joint", path, corpus, mode="joint", corrector_cache=False,
+                           count_pairs=True, cache_parts=1, max_steps=2, batch_size=2,
+                           block_size=4, anchor_chunk=8, feature_cache="off")  # fmt: skip
+    result = train_head(config, target=tiny_llama_target, progress_bar=False)
+    assert result["steps"] == 2
+    trained_on = {s.id for s in runs[0].train_set}
+    part0 = {s.id for s in read_part(corpus / "part-0000.jsonl")}
+    _, heldout = split_heldout(load_corpus(corpus), config.heldout)
+    assert trained_on and trained_on <= part0
+    # the held-out blocks are the ones a run over every part evaluates on
+    held_ids = [list(s.prompt_ids) + list(s.response_ids) for s in heldout]
+    assert held_ids == [item.ids.tolist() for item in runs[0].eval_items]

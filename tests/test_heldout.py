@@ -13,6 +13,7 @@ from dcoco.errors import DcocoError
 from dcoco.eval.heldout import HeldoutConfig, _label, markdown_table, measure
 from dcoco.models.corrector import Corrector, CorrectorConfig
 from dcoco.models.drafter import BlockDrafter, DrafterConfig
+from dcoco.models.drafter_io import save_drafter
 from dcoco.models.head_io import save_with_head
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -56,7 +57,8 @@ def test_rows_name_checkpoints_without_this_machines_paths(tmp_path, monkeypatch
     assert not _label(f"dflash@{tmp_path / 'elsewhere'}").startswith("dflash@/")
     stub = SimpleNamespace(name="no-such-target")
     done = {_label(f"dflash@{run}"): {"blocks": 1, "weights": ""}}  # no checkpoint there
-    result = measure(HeldoutConfig(methods=(f"dflash@{run}",)), stub, samples=[], done=done)
+    settings = HeldoutConfig(methods=(f"dflash@{run}",), oracle_k=0)
+    result = measure(settings, stub, samples=[], done=done)
     assert result["config"]["methods"] == ["dflash@$DCOCO_CACHE_DIR/runs/x/snapshot"]
 
 
@@ -80,7 +82,7 @@ def test_heldout_reuses_rows_of_an_earlier_run_with_the_same_settings(tmp_path):
         (tmp_path / name).mkdir()
         (tmp_path / name / "model.safetensors").write_bytes(name.encode() * 100)
         checkpoints[name] = f"dflash@{tmp_path / name}"
-    specs = HeldoutConfig(methods=tuple(checkpoints.values()), out=str(tmp_path))
+    specs = HeldoutConfig(methods=tuple(checkpoints.values()), out=str(tmp_path), oracle_k=0)
     stub = SimpleNamespace(name="no-such-target")  # checkpoints are given by path
     done = {_label(m): {**row, "weights": _weights_digest(m, stub)} for m in checkpoints.values()}
     assert measure(specs, target=stub, samples=[], done=done)["methods"] == done
@@ -98,7 +100,7 @@ def test_heldout_measures_a_retrained_checkpoint_again(tmp_path):
     assert _weights_digest(method, stub) != before
     done = {_label(method): {"blocks": 1, "weights": before}}
     with pytest.raises(DcocoError, match="has no config.json"):  # not reused: it loads the dir
-        measure(HeldoutConfig(methods=(method,)), target=stub, samples=[], done=done)
+        measure(HeldoutConfig(methods=(method,), oracle_k=0), target=stub, samples=[], done=done)
 
 
 def test_heldout_adds_the_count_bigram_on_the_same_blocks(tiny_llama_target, tmp_path):
@@ -135,3 +137,34 @@ def test_heldout_adds_the_count_bigram_on_the_same_blocks(tiny_llama_target, tmp
     assert hybrid["tau"]["3"] >= (16 * 4 + 11 * 1) / 27 - 1e-4
     # pld also takes single-token matches: it names every slot from one anchor sooner (17 blocks)
     assert pld["tau"]["3"] == pytest.approx((17 * 4 + 10 * 1) / 27, abs=1e-4)
+
+
+def test_oracle_rows_bound_the_drafter_and_give_each_row_its_headroom_share(
+    tiny_llama_target, tmp_path
+):
+    from dcoco.eval.heldout_table import oracle_names
+
+    target = tiny_llama_target
+    config = DrafterConfig.for_target(target, num_layers=1, block_size=4, mask_token_id=3,
+                                      target_layer_ids=(0, 2))  # fmt: skip
+    torch.manual_seed(0)
+    path = tmp_path / "drafter"
+    save_drafter(path, BlockDrafter(config, target.embed_tokens, target.lm_head), target.info)
+    cycle = list(range(20, 30))
+    records = [Sample(f"c{i}", (5, 6), tuple((cycle[i:] + cycle[:i]) * 3)) for i in range(2)]
+    label = _label(f"dflash@{path}")
+    kept, every = oracle_names(target.info.vocab_size, label)
+    settings = HeldoutConfig(methods=(f"dflash@{path}",), slots=(1, 3), anchors_per_seq=0,
+                             oracle_k=target.info.vocab_size)  # fmt: skip
+    result = measure(settings, target=target, samples=records)
+    rows = result["methods"]
+    assert rows[every]["tau"] == {"1": 2.0, "3": 4.0}  # the whole vocabulary holds every label
+    assert rows[kept]["slot_acc"][0] == rows[label]["slot_acc"][0]  # slot 1 is the drafter's
+    assert rows[kept]["slot_acc"][1:] == [1.0, 1.0]
+    table = markdown_table(result)
+    lines = {line.split(" | ")[0][2:]: line for line in table.splitlines() if line.startswith("| ")}
+    assert "headroom" in table and lines[label].endswith("/ 0% |")  # the drafter: none of it
+    assert lines[every].endswith("/ 100% |")
+    one = measure(HeldoutConfig(methods=(f"dflash@{path}",), slots=(1, 3), anchors_per_seq=0,
+                                oracle_k=1), target=target, samples=records)["methods"]  # fmt: skip
+    assert all(one[name]["tau"] == one[label]["tau"] for name in oracle_names(1, label))

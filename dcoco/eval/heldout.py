@@ -37,6 +37,7 @@ from dcoco.decode.methods import (
 )
 from dcoco.errors import DcocoError
 from dcoco.eval.heldout_lookup import lookup_corrects
+from dcoco.eval.heldout_table import markdown_table, oracle_corrects, oracle_names
 from dcoco.eval.run_record import method_checkpoints, write_run_record
 from dcoco.models.copy_hints import NO_HINT
 from dcoco.models.drafter_io import WEIGHTS_FILE
@@ -64,6 +65,7 @@ class HeldoutConfig:
     threads: int = 0  # torch CPU threads; 0 = torch's default
     feature_cache: str = ""  # directory of cached target features (as in training)
     bench_run: str = ""  # a `dcoco bench` run dir: its plain T=0 replies replace the corpus
+    oracle_k: int = 16  # > 0: top-k oracle rows over the first drafter, and headroom shares
     out: str = "results/heldout"  # output dir: heldout.json, heldout.md
 
 
@@ -117,14 +119,19 @@ def measure(
             )
         else:
             samples = heldout
-    rows = {}
+    rows, oracle = {}, None
     if done and BIGRAM in done:
         bigram_split = None
     for method in methods:
         weights = _weights_digest(method, target)
         label = _label(method)
-        if done and done.get(label, {}).get("weights") == weights:
-            rows[label] = done[label]
+        base = oracle is None and config.oracle_k > 0 and parse_method(method).method != "pld"
+        if base:
+            oracle = {"k": config.oracle_k, "base": label}
+        names = oracle_names(config.oracle_k, label) if base else ()
+        reusable = [label, *names]
+        if done and all(done.get(n, {}).get("weights") == weights for n in reusable):
+            rows.update({n: done[n] for n in reusable})
             continue
         if parse_method(method).method == "pld":  # no drafter: the block size of the slot caps
             block = max(config.slots) + 1
@@ -141,14 +148,17 @@ def measure(
             slots = proposer.drafter.config.block_size - 1
             bigram = CountBigram(bigram_split, slots, proposer.drafter.config.vocab_size)
             bigram_split = None
-        rows[label], bigram_row = _accept(proposer, target, samples, config, bigram)
-        rows[label]["weights"] = weights
-        if bigram_row is not None:
-            rows[BIGRAM] = bigram_row
+        found = _accept(proposer, target, samples, config, bigram, names)
+        rows[label] = found.pop("")
+        rows.update({n: found.pop(n) for n in names})
+        for name in reusable:
+            rows[name]["weights"] = weights
+        rows.update(found)  # the count bigram's row, if counted here
     if done and BIGRAM in done:
         rows[BIGRAM] = done[BIGRAM]
     record = {**asdict(config), "methods": [_label(m) for m in methods]}
-    return {"config": record, "sequences": len(samples), "methods": rows}
+    result = {"config": record, "sequences": len(samples), "methods": rows}
+    return {**result, "oracle": oracle} if oracle else result
 
 
 def _label(method: str) -> str:
@@ -187,16 +197,17 @@ def _corpus_split(config: HeldoutConfig, vocab_size: int) -> tuple[list | None, 
     return split_heldout(records, config.records)
 
 
-def _accept(proposer, target, samples, config: HeldoutConfig, bigram=None):
-    """(row, bigram row or None): the method's acceptance on the held-out blocks and, with a
-    `bigram`, the count baseline's on the very same blocks."""
+def _accept(proposer, target, samples, config: HeldoutConfig, bigram=None, oracles=()):
+    """Rows on the held-out blocks: "" the method's acceptance; with a `bigram`, the count
+    baseline's on the very same blocks; with `oracles` (their two row names), the top-k oracles
+    over the drafter's own logits (dcoco.eval.heldout_table), k = `config.oracle_k`."""
     drafter, head = proposer.drafter, getattr(proposer, "head", None)
     block_size = drafter.config.block_size
     features = TargetFeatures(target, drafter.config.target_layer_ids, config.feature_cache)
     generator = torch.Generator().manual_seed(0)  # the same anchors for every method
     anchors = config.anchors_per_seq or 1 << 30  # 0: every response position
-    corrects: dict[str, list[Tensor]] = {}  # suite ("" for corpus records) -> [blocks, slots]
-    bigram_corrects: dict[str, list[Tensor]] = {}
+    # row name -> suite ("" for corpus records) -> [[blocks, slots]]
+    corrects: dict[str, dict[str, list[Tensor]]] = {"": {}}
     with torch.no_grad():
         for sample in tqdm(samples, unit="seq", file=sys.stderr, desc=proposer.name):
             if len(sample.response_ids) < block_size:
@@ -222,13 +233,22 @@ def _accept(proposer, target, samples, config: HeldoutConfig, bigram=None):
                     found = lookup[done : done + drafted.shape[0]]  # [blocks, slots]
                     drafted = torch.where(found[:, :1] != NO_HINT, found, drafted)
                     done += drafted.shape[0]
-                corrects.setdefault(suite, []).append((drafted == chunk.label_ids).cpu())
+                found = {"": drafted == chunk.label_ids}
                 if bigram is not None:
-                    guess = bigram.predict(chunk.anchor_ids)  # [blocks, slots]
-                    bigram_corrects.setdefault(suite, []).append((guess == chunk.label_ids).cpu())
-    if not corrects:
+                    found[BIGRAM] = bigram.predict(chunk.anchor_ids) == chunk.label_ids
+                if oracles:
+                    found.update(
+                        zip(
+                            oracles,
+                            oracle_corrects(logits, chunk.label_ids, config.oracle_k),
+                            strict=True,
+                        )
+                    )
+                for name, correct in found.items():
+                    corrects.setdefault(name, {}).setdefault(suite, []).append(correct.cpu())
+    if not corrects[""]:
         raise DcocoError(f"no reply is as long as a block ({block_size} tokens)")
-    return _row(corrects, config), (_row(bigram_corrects, config) if bigram else None)
+    return {name: _row(parts, config) for name, parts in corrects.items()}
 
 
 def _row(corrects: dict[str, list[Tensor]], config: HeldoutConfig) -> dict:
@@ -253,49 +273,6 @@ def _summary(correct: Tensor, slots: tuple[int, ...]) -> dict:
         "per_position": [round(v, 4) for v in conditional.tolist()],
         "slot_acc": [round(v, 4) for v in correct.float().mean(0).tolist()],
     }
-
-
-def markdown_table(result: dict) -> str:
-    caps = result["config"]["slots"]
-    rows = result["methods"]
-    first = rows[next(iter(rows))]
-    source = result["config"].get("bench_run")
-    what = (
-        f"blocks after reply positions of {source} (plain's T=0 replies)"
-        if source
-        else "held-out blocks"
-    )
-    lines = [
-        f"{first['blocks']} {what}, from {result['sequences']} sequences (the target's greedy "
-        "replies), same anchors for every method.",
-        "",
-        "| method | "
-        + " | ".join(f"τ ({c} slots)" for c in caps)
-        + " | acceptance at slot 1 / 2 / 3 / 4 (given the earlier ones) | accuracy per slot |",
-        "|---|" + "--:|" * len(caps) + "---|---|",
-    ]
-    for method, row in rows.items():
-        taus = " | ".join(f"{row['tau'][str(c)]:.3f}" for c in caps)
-        positions = " / ".join(f"{v:.3f}" for v in row["per_position"][:4])
-        accuracy = " / ".join(f"{v:.2f}" for v in row.get("slot_acc", []))  # older rows: none
-        lines.append(f"| {method} | {taus} | {positions} | {accuracy} |")
-    if "suites" in first:
-        suites = list(first["suites"])
-        caption = " / ".join(str(c) for c in caps)
-        lines += [
-            "",
-            f"τ per suite ({caption} slots):",
-            "",
-            "| method | " + " | ".join(suites) + " |",
-            "|---|" + "--:|" * len(suites),
-        ]
-        for method, row in rows.items():
-            cells = (
-                " / ".join(f"{row['suites'][suite]['tau'][str(c)]:.3f}" for c in caps)
-                for suite in suites
-            )
-            lines.append(f"| {method} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 COMMAND = Command(

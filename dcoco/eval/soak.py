@@ -6,8 +6,8 @@ First each prompt's greedy reply is taken alone, once per endpoint (the referenc
 completions, streamed or not, greedy or sampled (sampled requests share steps with greedy ones,
 which is what broke vLLM-CPU's speculative decoding), a share of streams dropped mid-way, and a
 share of fuzzed bodies (dcoco.eval.soak_requests). It counts what came back: completed, greedy
-replies different from their reference, fuzzed bodies answered 4xx and those accepted (200),
-unexpected 4xx and 5xx, hung (no
+replies different from their reference, fuzzed bodies answered 4xx with one clear line, with an
+unclear one (empty or several lines) and those accepted (200), unexpected 4xx and 5xx, hung (no
 reply within `timeout_s`), truncated streams, connection errors, and samples the server's RSS
 (`server_pid` and its children) over time. Writes `<out>/soak.json`.
 """
@@ -113,7 +113,10 @@ def one_request(config, model, prompts, refs, bodies, rng: random.Random) -> tup
         name, path, body = pick_fuzz(bodies, rng)
         outcome = send(config.url, path, body, config.timeout_s, f"fuzz:{name}")
         if 400 <= outcome.status < 500:
-            return "fuzz_4xx", {"name": name, "message": outcome.error_message[:200]}
+            # one clear line: a client shows it to a person as it is
+            clear = outcome.error_message.strip() and "\n" not in outcome.error_message
+            verdict = "fuzz_4xx" if clear else "fuzz_4xx_unclear"
+            return verdict, {"name": name, "message": outcome.error_message[:200]}
         if outcome.status == 200:
             return "fuzz_accepted", {"name": name}
         return _failure(outcome, {"name": name, "fuzz_status": outcome.status})
@@ -213,7 +216,15 @@ def run(config: SoakConfig) -> int:
     print(f"soak: {out / 'soak.json'}", file=sys.stderr)
     bad = sum(
         record["counts"].get(k, 0)
-        for k in ("greedy_differs", "unexpected_5xx", "hung", "truncated", "malformed_reply")
+        for k in (
+            "greedy_differs",
+            "unexpected_5xx",
+            "hung",
+            "truncated",
+            "malformed_reply",
+            "fuzz_accepted",
+            "fuzz_4xx_unclear",
+        )  # fmt: skip
     )
     return 1 if bad else 0
 

@@ -122,6 +122,9 @@ def fuzzed_bodies(model: str, max_context: int) -> dict[str, tuple[str, bytes]]:
         ),  # fmt: skip
         "messages-not-list": (chat, j({"model": model, "messages": "Hello"})),
         "content-number": (chat, j({"model": model, "messages": [{"role": "user", "content": 7}]})),
+        "unknown-field": (chat, j({"model": model, "messages": user, "temprature": 0.5})),
+        "empty-prompt": (comp, j({"model": model, "prompt": ""})),
+        "stream-string": (chat, j({"model": model, "messages": user, "stream": "yes"})),
         "unknown-role": (
             chat,
             j({"model": model, "messages": [{"role": "wizard", "content": "hi"}]}),

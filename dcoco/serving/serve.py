@@ -36,6 +36,7 @@ from dcoco.serving.layout import AUTO_DTYPES, LAYOUTS, check_layout, choose_setu
 METHODS = ("plain", "dflash", "dcoco", "dspark", "domino")
 VLLM_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
 API_SERVER = "vllm.entrypoints.openai.api_server"
+GUARD = "dcoco.serving.request_guard.RequestGuard"  # vLLM's --middleware imports it in its process
 
 
 @dataclass
@@ -55,6 +56,7 @@ class ServeConfig:
     per_request_metrics: bool = True  # each response carries its own acceptance metrics
     seed: int = 0  # vLLM's sampling seed
     shutdown_timeout: int = 30  # on SIGTERM, seconds to finish in-flight requests (0 = abort)
+    request_guard: bool = True  # answer malformed bodies with a one-line 400 before vLLM reads them
     vllm_args: str = ""  # extra arguments for vLLM's api_server, as one shell-quoted string
     python: str = ""  # the interpreter with vLLM; empty = this one, else the vLLM venv's
     layout: str = "auto"  # process layout: auto (timed once per machine) | vllm-default | all-cores
@@ -163,6 +165,8 @@ def build_command(config: ServeConfig) -> tuple[str, list[str]]:
         argv.append("--enforce-eager")
     if config.max_num_seqs > 0:
         argv += ["--max-num-seqs", str(config.max_num_seqs)]
+    if config.request_guard:
+        argv += ["--middleware", GUARD]
     if spec.method != "plain":
         speculative = speculative_config(config)
         argv += ["--speculative-config", json.dumps(speculative)]

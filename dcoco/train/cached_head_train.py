@@ -176,7 +176,9 @@ def _open_cache(config, target, progress_bar: bool):
 
 def _optimizer(config, head, total_steps: int):
     """AdamW with the shared loop's warmup-cosine schedule."""
-    optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = torch.optim.AdamW(
+        head.parameters(), lr=config.head_lr or config.lr, weight_decay=config.weight_decay
+    )
     warmup = max(1, math.ceil(config.warmup_ratio * total_steps))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: warmup_cosine(step, warmup, total_steps)

@@ -38,6 +38,7 @@ class HeadTrainConfig(DrafterTrainConfig):
     head: str = "dcoco"
     mode: str = "joint"
     head_loss_weight: float = 1.0
+    head_lr: float = 0.0
     top_k: int = 16
     mlp_hidden: int = 0
     use_pair_state: bool = True
@@ -69,11 +70,11 @@ class HeadTrainConfig(DrafterTrainConfig):
             raise DcocoError("--corrector-cache trains a drop-in head only (--mode dropin)")
         if self.count_pairs and self.head != "dcoco":
             raise DcocoError("--count-pairs is a dcoco corrector option")
-        if self.count_pairs and not (self.corrector_cache and self.cache_parts > 0):
+        if self.count_pairs and self.cache_parts <= 0:
             raise DcocoError(
-                "--count-pairs needs --corrector-cache and --cache-parts N: the pairs are counted "
-                "on the parts after the first N, which it does not train on (counts of its own "
-                "training replies would hand it the labels)"
+                "--count-pairs needs --cache-parts N: the pairs are counted on the parts after "
+                "the first N, which it does not train on (counts of its own training replies "
+                "would hand it the labels)"
             )
         if self.cache_stride < 1 or self.blocks_per_step < 1:
             raise DcocoError("--cache-stride and --blocks-per-step must be >= 1")
@@ -100,6 +101,7 @@ HEAD_HELPS = {
     "head": f"head kind: {', '.join(head_kinds())}",
     "mode": "joint: drafter + head train together; dropin: frozen drafter, head only",
     "head_loss_weight": "head loss relative to the drafter loss (joint mode)",
+    "head_lr": "the head's peak learning rate; 0 = --lr (joint mode: the drafter keeps --lr)",
     "top_k": "dcoco: candidates per slot (K)",
     "mlp_hidden": "dcoco/domino: MLP width; 0 = the head's default",
     "use_pair_state": "dcoco: the pair state s_p (ablation: --no-use-pair-state)",
@@ -122,8 +124,8 @@ HEAD_HELPS = {
     "cache_stride": "with --corrector-cache: every n-th reply position is a cached block",
     "cache_build": "with --corrector-cache: build missing shards first (--no-cache-build: train "
     "on the shards built so far)",
-    "cache_parts": "with --corrector-cache: train on the first n corpus parts only (0 = all), so "
-    "runs compare on the same blocks while the cache grows",
+    "cache_parts": "train on the first n corpus parts only (0 = all): runs compare on the same "
+    "blocks while a cache grows, and --count-pairs counts the parts after them",
     "blocks_per_step": "with --corrector-cache: blocks per optimizer step",
     "init": "the drafter checkpoint to start from (required)",
 }
@@ -162,9 +164,19 @@ def train(
     if config.corrector_cache:
         return train_from_cache(config, build, target, progress_bar)
     setup = HeadSetup(
-        build=build, train_drafter=config.mode == "joint", loss_weight=config.head_loss_weight
+        build=build,
+        train_drafter=config.mode == "joint",
+        loss_weight=config.head_loss_weight,
+        train_ids=part_ids(config) if config.cache_parts else None,
+        lr=config.head_lr,
     )
     return run_training(config, target, samples, progress_bar, head_setup=setup)
+
+
+def part_ids(config: HeadTrainConfig) -> frozenset[str]:
+    """The ids of the records in the first `cache_parts` corpus parts (those a run trains on)."""
+    parts = corpus_parts(config.corpus)[: config.cache_parts]
+    return frozenset(s.id for part in parts for s in read_part(part))
 
 
 def count_records(config: HeadTrainConfig) -> list[Sample]:

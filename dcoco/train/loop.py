@@ -76,6 +76,8 @@ def setup(config, target, samples, head_setup: HeadSetup | None) -> Run:
     # A response shorter than a block has no full block to train on.
     samples = [s for s in samples if len(s.response_ids) >= drafter.config.block_size]
     train_set, heldout = split_heldout(samples, config.heldout)
+    if head_setup and head_setup.train_ids is not None:  # after the split: the same held-out
+        train_set = [s for s in train_set if s.id in head_setup.train_ids]
     if not train_set:
         raise DcocoError(
             f"no training record has a response of >= {drafter.config.block_size} tokens"
@@ -89,7 +91,11 @@ def setup(config, target, samples, head_setup: HeadSetup | None) -> Run:
         *(head.parameters() if head else []),
     ]
     total_steps = config.max_steps or config.epochs * math.ceil(len(train_set) / config.batch_size)
-    optimizer = torch.optim.AdamW(trained, lr=config.lr, weight_decay=config.weight_decay)
+    groups = [{"params": list(drafter.parameters()) if train_drafter else []}]
+    if head is not None:  # a head may learn at its own rate (a drafter it joins is trained)
+        groups.append({"params": list(head.parameters()), "lr": head_setup.lr or config.lr})
+    groups = [g for g in groups if g["params"]]
+    optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
     warmup = max(1, math.ceil(config.warmup_ratio * total_steps))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: warmup_cosine(step, warmup, total_steps)

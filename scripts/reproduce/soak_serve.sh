@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The full soak of issue 31: `dcoco serve` at fp32 for each method, 32 concurrent `dcoco soak`
+# clients for 10 minutes (a tenth of streams dropped mid-way, a tenth fuzzed bodies, a third of
+# requests sampled), then SIGTERM. Writes results/smollm2-soak-32-<method>/soak.json and the
+# server's log beside it. Loopback only; needs `make venv-vllm`.
+# Usage: scripts/reproduce/soak_serve.sh [METHOD ...]     (default: dcoco dflash)
+# env: CLIENTS (32), DURATION (600 s), PORT (8766), DCOCO
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+make -s venv venv-vllm
+DCOCO=${DCOCO:-.venv/bin/dcoco}
+PORT=${PORT:-8766}
+methods=("$@")
+[ ${#methods[@]} -gt 0 ] || methods=(dcoco dflash)
+for m in "${methods[@]}"; do
+  out=results/smollm2-soak-32-$m
+  mkdir -p "$out"
+  setsid "$DCOCO" serve --method "$m" --dtype fp32 --port "$PORT" --layout all-cores \
+    >"$out/server.log" 2>&1 &
+  server=$!
+  for _ in $(seq 300); do
+    curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break
+    kill -0 "$server" 2>/dev/null || { echo "dcoco serve died: $out/server.log" >&2; exit 1; }
+    sleep 2
+  done
+  status=0
+  "$DCOCO" soak --url "http://127.0.0.1:$PORT" --clients "${CLIENTS:-32}" \
+    --duration-s "${DURATION:-600}" --server-pid "$server" --out "$out" || status=$?
+  kill -TERM "$server"
+  wait "$server" || true
+  [ "$status" -eq 0 ] || { echo "soak of $m failed: $out/soak.json" >&2; exit "$status"; }
+done
