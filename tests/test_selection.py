@@ -67,6 +67,13 @@ def test_greedy_matches_a_hand_written_walk():
     assert greedy(scores).tolist() == reference_greedy(scores)
 
 
+def test_keep1_walks_from_the_drafters_top1_whatever_the_start_scores():
+    scores = random_scores(batch=6, slots=7, top_k=5)
+    started = Scores(**{**scores.__dict__, "start": torch.randn(6, 5, dtype=torch.float64)})
+    assert greedy(started)[:, 0].tolist() == started.start.argmax(dim=-1).tolist()
+    assert SELECTION_RULES["keep1"](started).tolist() == reference_greedy(scores)
+
+
 def test_global_matches_brute_force():
     scores = random_scores(batch=8, slots=4, top_k=3, seed=1)
     assert best_path(scores).tolist() == brute_force(scores, [1.0] * 4)
@@ -106,6 +113,7 @@ def test_every_rule_picks_the_path_its_objective_names(rule, slots):
     expected = {
         "top1": [[0] * slots for _ in range(3)],
         "greedy": reference_greedy(scores),
+        "keep1": reference_greedy(scores),
         "global": brute_force(scores, [1.0] * slots),
         "discounted": brute_force(scores, [DEFAULT_GAMMA**p for p in range(slots)]),
     }[rule]

@@ -34,7 +34,7 @@ class DecodeConfig:
     chat: bool = True  # apply the target's chat template
     num_draft_tokens: str = "auto"  # auto | N: drafts per cycle (auto: best measured tokens/s)
     drafter: str = ""  # drafter checkpoint; empty = the one shipped for the target
-    selection: str = "greedy"  # dcoco's selection rule: greedy | global | discounted | top1
+    selection: str = "greedy"  # dcoco's selection rule: greedy | keep1 | global | discounted | top1
 
     def sampling(self, temperature: float = 0.0) -> SamplingParams:
         return SamplingParams(temperature=temperature, top_p=self.top_p, top_k=self.top_k)

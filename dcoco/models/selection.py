@@ -10,6 +10,7 @@ call (`METHOD:SELECTION` in dcoco.decode.methods; the drafter config's `dcoco_se
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -63,6 +64,13 @@ def greedy(scores: Scores) -> Tensor:
     return torch.stack(path, dim=1)
 
 
+def keep_first(scores: Scores) -> Tensor:
+    """The paper's rule: the prefix-first walk from the drafter's own top-1 at slot 0, whatever
+    start scores a corrector trained with anchor scores has (its share of the gain at slot 0
+    measured apart)."""
+    return greedy(dataclasses.replace(scores, start=None))
+
+
 def best_path(scores: Scores) -> Tensor:
     """The max-sum path over all slots (Viterbi)."""
     return _viterbi(scores, [1.0] * scores.candidate_ids.shape[1])
@@ -97,6 +105,7 @@ def _viterbi(scores: Scores, weights: list[float]) -> Tensor:
 SELECTION_RULES: dict[str, Callable[[Scores], Tensor]] = {
     "top1": top1,
     "greedy": greedy,
+    "keep1": keep_first,
     "global": best_path,
     "discounted": discounted_path,
 }
