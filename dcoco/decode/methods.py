@@ -3,7 +3,8 @@
 A method spec is `METHOD[:SELECTION][@CHECKPOINT]`:
 - METHOD: plain | pld | dflash | dcoco | dspark | domino | pld-dflash (prompt lookup where the
   context has an n-gram match, the dflash drafter elsewhere);
-- SELECTION (dcoco only): the corrector's selection rule, greedy | keep1 | global | discounted | top1;
+- SELECTION (dcoco only): the corrector's selection rule, greedy | keep1 | global | discounted |
+  top1;
 - CHECKPOINT (drafter methods): a checkpoint directory, or the name of one shipped under
   `checkpoints/<target>/`; by default the method's default in that directory's catalogue
   (dcoco.models.catalogue), else the one named like the method.
