@@ -38,7 +38,10 @@ def test_each_checkpoint_is_the_kind_it_says_and_carries_its_drafter():
         path = ROOT / name
         assert (head_kind_of(path) or "drafter") == entry["kind"], name
         assert drafter_digest(path) == entry["drafter_digest"], f"{name}: drafter digest changed"
-        if entry["kind"] != "drafter":
+        if entry["drafter"] == name and entry["kind"] != "drafter":  # trained jointly
+            assert entries[entry["init"]]["kind"] == "drafter", name
+            assert drafter_digest(ROOT / entry["init"]) != drafter_digest(path), name
+        elif entry["kind"] != "drafter":
             drafter = entries[entry["drafter"]]
             assert drafter["kind"] == "drafter", name
             # the head was trained over that drafter and is served with it: tensor for tensor
@@ -65,8 +68,11 @@ def test_a_head_default_is_trained_over_the_default_drafter():
     entries = catalogue()
     shipped_drafter = default_checkpoint(ROOT, "dflash")
     for method in ("dcoco", "dspark", "domino"):
-        entry = entries[default_checkpoint(ROOT, method)]
-        assert entry["drafter"] == shipped_drafter, method
+        name = default_checkpoint(ROOT, method)
+        entry = entries[name]
+        # over the shipped drafter, or trained jointly from it (its own drafter inside)
+        start = entry["init"] if entry["drafter"] == name else entry["drafter"]
+        assert start == shipped_drafter, method
 
 
 def test_no_catalogue_means_no_defaults(tmp_path: Path):

@@ -52,7 +52,8 @@ def test_shipped_drafter_greedy_equals_plain_and_is_accepted(smollm2):
 
 # dcoco-dropin sits over the shipped copy-hint drafter: the head reads the gated, hinted logits.
 @pytest.mark.parametrize(
-    "method", ["dcoco", "dcoco:global", "dcoco@dcoco-dropin", "dspark", "domino"]
+    "method",
+    ["dcoco", "dcoco:global", "dcoco:keep1", "dcoco@dcoco-dropin", "dspark", "domino"],  # fmt: skip
 )
 def test_shipped_heads_greedy_equal_plain(smollm2, method):
     from dcoco.decode.methods import MethodOptions, build_proposer, checkpoint_dir, parse_method

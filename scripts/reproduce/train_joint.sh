@@ -10,6 +10,7 @@
 # Usage: scripts/reproduce/train_joint.sh          train (or continue)
 #        scripts/reproduce/train_joint.sh ship     copy the result into checkpoints/ as dcoco-joint
 # env: RUN (default under the cache dir), STEPS (6000), PARTS (24), LR (2e-4), HEAD_LR (1e-3),
+#      HEAD_WEIGHT (0.5: the corrector loss relative to the drafter's),
 #      THREADS (2), DCOCO
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,4 +28,5 @@ fi
   --cache-parts "${PARTS:-24}" --out "$RUN" --max-steps "${STEPS:-6000}" --seed 7 \
   --lr "${LR:-2e-4}" --head-lr "${HEAD_LR:-1e-3}" --warmup-ratio 0.02 --gamma 4 \
   --loss-vocab 16000 --autocast --target-dtype bf16 --batch-size 1 --anchor-stride 4 \
-  --heldout 32 --eval-every 500 --save-every 200 --threads "${THREADS:-2}"
+  --head-loss-weight "${HEAD_WEIGHT:-0.5}" --heldout 32 --eval-every 1000 --save-every 200 \
+  --threads "${THREADS:-2}"
