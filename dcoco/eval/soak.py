@@ -39,6 +39,9 @@ FALLBACK_PROMPTS = (
     "List the first ten prime numbers.",
 )
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+# verdicts a correct server never earns
+FAILURES = ("greedy_differs", "unexpected_5xx", "hung", "truncated", "malformed_reply",
+            "fuzz_accepted", "fuzz_4xx_unclear")  # fmt: skip
 
 
 @dataclass
@@ -214,18 +217,7 @@ def run(config: SoakConfig) -> int:
         growth = record["rss_growth_bytes"] / 2**20
         print(f"server RSS growth: {growth:+.1f} MiB over {record['wall_s']} s")
     print(f"soak: {out / 'soak.json'}", file=sys.stderr)
-    bad = sum(
-        record["counts"].get(k, 0)
-        for k in (
-            "greedy_differs",
-            "unexpected_5xx",
-            "hung",
-            "truncated",
-            "malformed_reply",
-            "fuzz_accepted",
-            "fuzz_4xx_unclear",
-        )  # fmt: skip
-    )
+    bad = sum(record["counts"].get(k, 0) for k in FAILURES)
     return 1 if bad else 0
 
 
