@@ -50,10 +50,10 @@ def test_shipped_drafter_greedy_equals_plain_and_is_accepted(smollm2):
     assert sum(taus) / len(taus) > 1.05, taus  # trained: a random drafter gives 1.00
 
 
-# dcoco-dropin sits over the shipped copy-hint drafter: the head reads the gated, hinted logits.
+# Every head reads its drafter's gated, hinted logits; dcoco (dcoco-joint) carries its own drafter.
 @pytest.mark.parametrize(
     "method",
-    ["dcoco", "dcoco:global", "dcoco:keep1", "dcoco@dcoco-dropin", "dspark", "domino"],  # fmt: skip
+    ["dcoco", "dcoco:global", "dcoco:keep1", "dcoco@dcoco-counted", "dspark", "domino"],  # fmt: skip
 )
 def test_shipped_heads_greedy_equal_plain(smollm2, method):
     from dcoco.decode.methods import MethodOptions, build_proposer, checkpoint_dir, parse_method
