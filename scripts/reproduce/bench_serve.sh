@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 make -s venv
-METHODS=${METHODS:-"plain dflash dcoco dspark domino"}
+METHODS=${METHODS:-"plain dflash@dflash dcoco@dcoco-joint dspark@dspark-dropin domino@domino-dropin"}
 OUT=${OUT:-results/smollm2-vllm-serve}
 LIMIT=${LIMIT:-2}            # prompts per suite (gsm8k, humaneval, mtbench)
 MAX_TOKENS=${MAX_TOKENS:-32}

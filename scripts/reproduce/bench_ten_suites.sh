@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 make -s venv
-METHODS=${METHODS:-plain,pld,dflash,dcoco,dspark,domino}
+METHODS=${METHODS:-plain,pld,dflash@dflash,dcoco@dcoco-joint,dspark@dspark-dropin,domino@domino-dropin}
 RUN=${RUN:-smollm2-ten-suites}
 SUITES=${SUITES:-all}        # or a comma list, e.g. gsm8k,humaneval,mtbench
 LIMIT=${LIMIT:-10}           # prompts per suite (MT-Bench: two turns each)

@@ -3,7 +3,8 @@
 # clients for 10 minutes (a tenth of streams dropped mid-way, a tenth fuzzed bodies, a third of
 # requests sampled), then SIGTERM. Writes results/smollm2-soak-32-<method>/soak.json; the server's
 # log goes to $DCOCO_CACHE_DIR/soak/<method>-server.log. Loopback only; needs `make venv-vllm`.
-# Usage: scripts/reproduce/soak_serve.sh [METHOD ...]     (default: dcoco dflash)
+# Usage: scripts/reproduce/soak_serve.sh [METHOD ...]   (default: dcoco@dcoco-counted dflash@dflash,
+#        the checkpoints of the committed soaks; results/smollm2-soak-32-<method before @>)
 # env: CLIENTS (32), DURATION (600 s), PORT (8766), DCOCO
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -13,16 +14,17 @@ PORT=${PORT:-8766}
 LOGS=${DCOCO_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dcoco}/soak
 mkdir -p "$LOGS"
 methods=("$@")
-[ ${#methods[@]} -gt 0 ] || methods=(dcoco dflash)
+[ ${#methods[@]} -gt 0 ] || methods=(dcoco@dcoco-counted dflash@dflash)
 for m in "${methods[@]}"; do
-  out=results/smollm2-soak-32-$m
+  name=${m%%@*}
+  out=results/smollm2-soak-32-$name
   mkdir -p "$out"
   setsid "$DCOCO" serve --method "$m" --dtype fp32 --port "$PORT" --layout all-cores \
-    >"$LOGS/$m-server.log" 2>&1 &
+    >"$LOGS/$name-server.log" 2>&1 &
   server=$!
   for _ in $(seq 300); do
     curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break
-    kill -0 "$server" 2>/dev/null || { echo "dcoco serve died: $LOGS/$m-server.log" >&2; exit 1; }
+    kill -0 "$server" 2>/dev/null || { echo "dcoco serve died: $LOGS/$name-server.log" >&2; exit 1; }
     sleep 2
   done
   status=0
