@@ -261,9 +261,9 @@ def test_serve_command_plain_and_bad_setups(serve_dirs):
         ServeConfig(method="plain", target=str(target), python="/opt/py", request_guard=False)
     )
     assert "--middleware" not in argv
-    with pytest.raises(DcocoError, match="needs a dcoco head.*plain drafter"):
+    with pytest.raises(DcocoError, match="carries no draft head, not the dcoco head"):
         build_command(ServeConfig(method="dcoco", target=str(target), checkpoint=str(drafter)))
-    with pytest.raises(DcocoError, match="no dspark checkpoint"):
+    with pytest.raises(DcocoError, match="no checkpoint for dspark"):
         build_command(ServeConfig(method="dspark", target=str(target)))
     with pytest.raises(DcocoError, match="unknown method"):
         build_command(ServeConfig(method="eagle", target=str(target)))

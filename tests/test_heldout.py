@@ -99,7 +99,7 @@ def test_heldout_measures_a_retrained_checkpoint_again(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"new weights")
     assert _weights_digest(method, stub) != before
     done = {_label(method): {"blocks": 1, "weights": before}}
-    with pytest.raises(DcocoError, match="has no config.json"):  # not reused: it loads the dir
+    with pytest.raises(DcocoError, match="no checkpoint for dflash"):  # not reused: loads it
         measure(HeldoutConfig(methods=(method,), oracle_k=0), target=stub, samples=[], done=done)
 
 

@@ -19,12 +19,16 @@ from pathlib import Path
 from dcoco.decode.proposers import PromptLookupProposer, Proposer
 from dcoco.errors import DcocoError
 from dcoco.models.catalogue import default_checkpoint
+from dcoco.models.drafter_io import CONFIG_FILE, read_drafter_config
+from dcoco.models.head_io import head_kind_of
 from dcoco.models.packed_linear import pack_linears
 from dcoco.models.selection import SELECTION_RULES
 from dcoco.models.target import TargetModel
 from dcoco.paths import checkpoints_dir
 
 DRAFTER_METHODS = ("dflash", "dcoco", "dspark", "domino", "pld-dflash")
+HEAD_METHODS = ("dcoco", "dspark", "domino")  # a drafter with this draft head
+PLD_SLOTS = 8  # prompt lookup's most draft tokens per cycle
 # Without a catalogue: methods whose default checkpoint is named otherwise than the method.
 DEFAULT_CHECKPOINT = {"pld-dflash": "dflash"}
 
@@ -86,24 +90,64 @@ def checkpoint_dir(spec: MethodSpec, target: TargetModel, options: MethodOptions
     return default_drafter_dir(target, name)
 
 
-def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> Proposer | None:
+@dataclass(frozen=True)
+class ResolvedMethod:
+    """A method spec checked against its checkpoint's config (no weights loaded): the engine,
+    `heldout` and `dcoco serve` all build from this, so a spec means the same everywhere."""
+
+    spec: MethodSpec
+    path: Path | None  # the checkpoint directory (drafter methods); None for plain and pld
+    head_kind: str | None  # the draft head the checkpoint carries, if any
+    max_slots: int  # most draft tokens a cycle takes (drafter: block_size - 1; pld: 8 or as asked)
+    selection: str | None  # dcoco's selection rule (the spec's, else the options'); else None
+
+    def draft_slots(self, requested: int) -> int:
+        """Draft tokens per cycle for a requested number (0 = the most), within the limit."""
+        return min(requested or self.max_slots, self.max_slots)
+
+
+def resolve_method(method: str, target, options: MethodOptions, serving: bool = False):
+    """`method` checked as one place: its syntax, its checkpoint (present, carrying the head the
+    method needs; `serving`: a drafter method also refuses a checkpoint with a head, since vLLM
+    builds whatever head a checkpoint carries), its draft-slot limit and its selection rule.
+    `target` needs only `.name`."""
     spec = parse_method(method)
     if spec.method == "plain":
-        return None
-    if spec.method == "pld":
-        return PromptLookupProposer(num_draft_tokens=options.num_draft_tokens or 8)
-    from dcoco.decode.dflash_proposer import DFlashProposer
-    from dcoco.decode.head_proposer import HeadProposer
-    from dcoco.decode.hybrid_proposer import HybridProposer
-    from dcoco.models.drafter_io import load_drafter, stored_slot_accuracy
-    from dcoco.models.head_io import head_kind_of, load_head
-
-    path = checkpoint_dir(spec, target, options)
-    if not path.exists():
+        return ResolvedMethod(spec, None, None, 0, None)
+    if spec.method == "pld":  # no model bounds lookup: it drafts as many as asked
+        return ResolvedMethod(spec, None, None, options.num_draft_tokens or PLD_SLOTS, None)
+    path = checkpoint_dir(spec, target, options).expanduser()
+    if not (path / CONFIG_FILE).is_file():
         raise DcocoError(
             f"no checkpoint for {method} at {path}: pass METHOD@DIR or --drafter DIR (train one "
             "with `dcoco train-drafter` / `dcoco train-corrector`)"
         )
+    drafter_config, _ = read_drafter_config(path)
+    kind = head_kind_of(path)
+    if spec.method in HEAD_METHODS and kind != spec.method:
+        raise DcocoError(
+            f"{path} carries {'no draft head' if kind is None else f'a {kind} head'}, not the "
+            f"{spec.method} head that '{method}' needs"
+        )
+    if serving and spec.method not in HEAD_METHODS and kind is not None:
+        raise DcocoError(f"{path} holds a {kind} head: serve it with --method {kind}")
+    selection = (spec.selection or options.selection) if spec.method == "dcoco" else None
+    return ResolvedMethod(spec, path, kind, drafter_config.block_size - 1, selection)
+
+
+def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> Proposer | None:
+    resolved = resolve_method(method, target, options)
+    spec, path = resolved.spec, resolved.path
+    if spec.method == "plain":
+        return None
+    if spec.method == "pld":
+        return PromptLookupProposer(num_draft_tokens=resolved.draft_slots(options.num_draft_tokens))
+    from dcoco.decode.dflash_proposer import DFlashProposer
+    from dcoco.decode.head_proposer import HeadProposer
+    from dcoco.decode.hybrid_proposer import HybridProposer
+    from dcoco.models.drafter_io import load_drafter, stored_slot_accuracy
+    from dcoco.models.head_io import load_head
+
     drafter = load_drafter(path, target)
     num_draft_tokens = options.num_draft_tokens or None
     prior = stored_slot_accuracy(path)
@@ -113,17 +157,15 @@ def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> 
             drafter, num_draft_tokens=num_draft_tokens, acceptance_prior=prior
         )
         return proposer if spec.method == "dflash" else HybridProposer(proposer)
-    kind = head_kind_of(path)
-    if kind != spec.method:
-        raise DcocoError(
-            f"{path} carries {'no draft head' if kind is None else f'a {kind} head'}, not the "
-            f"{spec.method} head that '{method}' needs"
-        )
     head = load_head(path, target, drafter)
     drafter = _matmul_like_target(drafter, target)  # after the head, which may read its weights
-    selection = (spec.selection or options.selection) if spec.method == "dcoco" else None
     return HeadProposer(
-        drafter, head, num_draft_tokens, name=method, selection=selection, acceptance_prior=prior
+        drafter,
+        head,
+        num_draft_tokens,
+        name=method,
+        selection=resolved.selection,
+        acceptance_prior=prior,
     )
 
 

@@ -140,7 +140,7 @@ def target_name(spec: str) -> str:
 
 def build_command(config: ServeConfig) -> tuple[str, list[str]]:
     """(interpreter, argv after the interpreter) of the vLLM server for `config`."""
-    spec = _method_spec(config)
+    spec = _served_spec(config)
     if config.port <= 0 or config.max_model_len <= 0 or config.kv_cache_gib <= 0:
         raise DcocoError("port, max-model-len and kv-cache-gib must all be > 0")
     if config.shutdown_timeout < 0:
@@ -176,7 +176,7 @@ def build_command(config: ServeConfig) -> tuple[str, list[str]]:
     return find_vllm_python(config.python), argv
 
 
-def _method_spec(config: ServeConfig):
+def _served_spec(config: ServeConfig):
     from dcoco.decode.methods import parse_method
 
     spec = parse_method(config.method)
@@ -185,32 +185,26 @@ def _method_spec(config: ServeConfig):
     return spec
 
 
+def _resolved(config: ServeConfig):
+    """The method as `dcoco.decode.methods.resolve_method` checks it, for serving."""
+    from dcoco.decode.methods import MethodOptions, resolve_method
+
+    _served_spec(config)
+    target = SimpleNamespace(name=target_name(config.target))  # all the resolver reads
+    options = MethodOptions(drafter=config.checkpoint)
+    return resolve_method(config.method, target, options, serving=True)
+
+
 def speculative_config(config: ServeConfig) -> dict:
     """vLLM's --speculative-config for a drafter-based method (`dflash` for all of them)."""
-    from dcoco.decode.methods import MethodOptions, checkpoint_dir
-    from dcoco.models.drafter_io import read_drafter_config
-    from dcoco.models.head_io import head_kind_of
-
-    spec = _method_spec(config)
-    target = SimpleNamespace(name=target_name(config.target))  # all checkpoint_dir reads
-    path = checkpoint_dir(spec, target, MethodOptions(drafter=config.checkpoint)).expanduser()
-    if not (path / "config.json").is_file():
+    resolved = _resolved(config)
+    num = config.num_speculative_tokens or resolved.max_slots
+    if not 1 <= num <= resolved.max_slots:
         raise DcocoError(
-            f"no {spec.method} checkpoint at {path}: pass --checkpoint DIR or METHOD@DIR (a "
-            "DFlash drafter directory, with a draft head for dcoco/dspark/domino)"
+            f"num-speculative-tokens must be in 1..{resolved.max_slots} for this drafter"
         )
-    drafter_config, _ = read_drafter_config(path)
-    kind = head_kind_of(path)
-    if spec.method == "dflash" and kind is not None:
-        raise DcocoError(f"{path} holds a {kind} head: serve it with --method {kind}")
-    if spec.method != "dflash" and kind != spec.method:
-        held = f"a {kind} head" if kind else "a plain drafter (no head)"
-        raise DcocoError(f"--method {spec.method} needs a {spec.method} head; {path} holds {held}")
-    slots = drafter_config.block_size - 1
-    num = config.num_speculative_tokens or slots
-    if not 1 <= num <= slots:
-        raise DcocoError(f"num-speculative-tokens must be in 1..{slots} for this drafter")
-    model = with_selection(path, spec.selection) if spec.selection else path.resolve()
+    path, selection = resolved.path, resolved.spec.selection
+    model = with_selection(path, selection) if selection else path.resolve()
     return {"method": "dflash", "model": str(model), "num_speculative_tokens": num}
 
 
