@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from conftest import TINY_RUN
 from test_head_train import SHARED, two_mode_corpus
 
 from dcoco.decode.engine import Engine
@@ -87,7 +88,7 @@ def cached_config(out, init, corpus, **flags) -> HeadTrainConfig:
         out=str(out), init=init, corpus=str(corpus), mode="dropin", corrector_cache=True,
         cache_stride=2, blocks_per_step=32, top_k=4, mlp_hidden=16, lr=3e-2, heldout=4,
         eval_every=1000, save_every=3, loss="conditional", features="normalised", anchor=True,
-        successor_query=True, gamma=4.0,
+        successor_query=True, **{**TINY_RUN, "gamma": 4.0},
     )  # fmt: skip
     return HeadTrainConfig(**{**settings, **flags})
 

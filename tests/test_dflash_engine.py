@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import TINY_RUN
 
 from dcoco.data.distill import Sample
 from dcoco.decode.dflash_proposer import DFlashProposer
@@ -46,7 +47,7 @@ def test_overfit_drafter_is_accepted_in_the_engine(tiny_llama_target, tmp_path):
     config = DrafterTrainConfig(
         out=str(tmp_path / "run"), num_layers=1, block_size=4, mask_token_id=3, taps=TAPS,
         batch_size=4, anchors_per_seq=16, heldout=0, max_steps=150, lr=3e-3, autocast=False,
-        eval_every=1000, save_every=1000,
+        eval_every=1000, save_every=1000, **TINY_RUN,
     )  # fmt: skip
     result = train(config, target=target, samples=corpus, progress_bar=False)
     drafter = load_drafter(result["drafter"], target, dtype=torch.float32)

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import TINY_RUN
 
 from dcoco import paths
 from dcoco.config import config_from_args
@@ -36,6 +37,7 @@ def tiny_config(out, **overrides) -> DrafterTrainConfig:
     settings = dict(
         out=str(out), block_size=4, mask_token_id=3, taps=(0, 1, 3), batch_size=4,
         anchors_per_seq=8, heldout=4, eval_every=10, save_every=100, lr=3e-3, autocast=False,
+        **TINY_RUN,
     )  # fmt: skip
     return DrafterTrainConfig(**{**settings, **overrides})
 

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import TINY_RUN
 
 from dcoco.data.distill import Sample
 from dcoco.decode.engine import Engine
@@ -24,7 +25,7 @@ from dcoco.train.head_train import train as train_head
 pytestmark = pytest.mark.usefixtures("one_thread")
 SHARED = dict(
     block_size=4, mask_token_id=3, taps=(0, 1, 3), batch_size=4, anchors_per_seq=24, heldout=4,
-    eval_every=1000, save_every=1000, lr=3e-3, anchor_chunk=8,
+    eval_every=1000, save_every=1000, lr=3e-3, anchor_chunk=8, **TINY_RUN,
 )  # fmt: skip
 
 

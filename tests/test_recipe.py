@@ -111,3 +111,36 @@ def test_a_recipe_runs_in_order_skips_finished_stages_and_ships(tiny_llama_targe
         "first_train_log.jsonl",
     }  # fmt: skip
     assert json.loads((dest / "provenance.json").read_text())["config"]["seed"] == 3
+
+
+# What a stage's training depends on (not where it runs: out, init, threads, corpus, caches).
+TRAINING_FIELDS = (
+    "gamma", "lr", "weight_decay", "warmup_ratio", "grad_clip", "epochs", "max_steps",
+    "batch_size", "anchors_per_seq", "anchor_stride", "context_window", "window_doubling_steps",
+    "max_records", "seed", "target_dtype", "autocast", "loss_vocab", "copy_hints", "copy_gate",
+    "add_layers", "head", "mode", "head_loss_weight", "head_lr", "top_k", "features", "loss",
+    "successor_query", "anchor", "count_pairs", "corrector_cache", "cache_parts",
+)  # fmt: skip
+
+
+@pytest.mark.skipif(not RECIPES.is_dir(), reason="not a checkout")
+def test_each_recipe_says_what_its_shipped_checkpoint_was_trained_with(tmp_path):
+    """The last stage's flags, parsed with today's defaults, equal the config the shipped
+    checkpoint recorded: a changed default cannot silently change a recipe."""
+    from dcoco.train.recipe import parse_stage, stage_argv
+
+    for name in read_catalogue(REPO_ROOT / "checkpoints" / TARGET):
+        recipe = read_recipe(RECIPES / f"{name}.toml")
+        _, config = parse_stage(stage_argv(tmp_path, recipe, recipe.stages[-1]))
+        shipped = json.loads(
+            (REPO_ROOT / "checkpoints" / TARGET / name / "provenance.json").read_text()
+        )
+        recorded = shipped["config"]
+        differ = {
+            field: (getattr(config, field), recorded[field])
+            for field in TRAINING_FIELDS
+            if field in recorded
+            and hasattr(config, field)
+            and getattr(config, field) != recorded[field]
+        }
+        assert not differ, (name, differ)
