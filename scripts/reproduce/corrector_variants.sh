@@ -22,7 +22,8 @@ CACHE=${DCOCO_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dcoco}
 RUNS=$CACHE/runs/heads-cached
 THREADS=${THREADS:-1}
 COMMON=(--mode dropin --init dflash --corrector-cache --no-cache-build --target-dtype bf16
-  --autocast --lr 1e-3 --gamma 4 --threads "$THREADS")
+  --autocast --lr 1e-3 --gamma 4 --warmup-ratio 0.04 --batch-size 4 --anchor-stride 0 --loss-vocab 0
+  --threads "$THREADS")
 
 train() {  # name head steps parts [flags]: one run, skipped once finished
   local name=$1 head=$2 steps=$3 parts=$4

@@ -18,7 +18,7 @@ DCOCO=${DCOCO:-.venv/bin/dcoco}
 CACHE=${DCOCO_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dcoco}
 INIT=${INIT:-$CACHE/runs/dflash-mask/stage2/drafter}
 RUNS=${RUNS:-$CACHE/runs/drafter-smollm2-b8-stage3}
-common=(--init "$INIT" --loss-vocab 16000 --autocast --target-dtype bf16 --batch-size 1
+common=(--init "$INIT" --gamma 7 --loss-vocab 16000 --autocast --target-dtype bf16 --batch-size 1
   --anchor-stride 4 --heldout 32 --threads "${THREADS:-1}" --lr "${LR:-6e-4}" --warmup-ratio 0.02
   --eval-every 500 --save-every 200 --seed 2)  # seed 2: the anchor offsets stage 2 (seed 0,
 # 1.2 epochs at stride 4: offsets 0 and 1) did not use, and another batch order

@@ -10,7 +10,8 @@ make -s venv
 DCOCO=${DCOCO:-.venv/bin/dcoco}
 RUNS=${RUNS:-runs/drafter-variants}
 common=(--max-records 960 --heldout 16 --block-size 8 --gamma 4 --anchor-stride 4
-  --loss-vocab 16000 --autocast --target-dtype bf16 --threads 1 --save-every 1000000)
+  --loss-vocab 16000 --autocast --target-dtype bf16 --threads 1 --save-every 1000000
+  --warmup-ratio 0.04)
 variant() { local name=$1; shift; "$DCOCO" train-drafter --out "$RUNS/$name" "${common[@]}" "$@"; }
 variant lr1e-3-b4 --lr 1e-3 --batch-size 4 --max-steps 120 --eval-every 20 &
 variant lr3e-3-b1 --lr 3e-3 --batch-size 1 --max-steps 480 --eval-every 80 &
