@@ -56,6 +56,7 @@ def test_shipped_drafter_greedy_equals_plain_and_is_accepted(smollm2):
     [
         "dcoco",
         "dcoco:keep1",
+        "dcoco@dcoco-joint-12k",
         "dcoco:global@dcoco-counted",
         "dcoco@dcoco-counted",
         "dspark",

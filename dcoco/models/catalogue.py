@@ -8,7 +8,8 @@ Each entry, keyed by a name that never changes meaning once published:
     drafter         the catalogued drafter it was trained over and is served with (a head's own
                     drafter part must be that drafter, tensor for tensor); a head trained jointly
                     with its drafter names itself: its drafter part ships inside it
-    init            (joint heads only) the catalogued drafter the joint run started from
+    init            (joint heads only) the catalogued checkpoint the joint run started from (a
+                    drafter, or a joint head it trained on)
     drafter_digest  `drafter_digest()` of its drafter tensors
     heldout         its held-out τ at 3 and 7 slots, and the run that measured it
     recipe          the command that makes it
