@@ -19,6 +19,7 @@ import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 from dcoco.config import Command
 from dcoco.data.bigram import successor_log_probs
@@ -27,8 +28,8 @@ from dcoco.errors import DcocoError
 from dcoco.models.drafter_io import WEIGHTS_FILE
 from dcoco.models.head_io import continue_head
 from dcoco.models.head_registry import build_head, head_classes, head_kinds
-from dcoco.paths import checkpoints_dir
 from dcoco.train.cached_head_train import train_from_cache
+from dcoco.train.corrector_cache import drafter_path
 from dcoco.train.drafter_train import HELPS, DrafterTrainConfig, with_target_defaults
 from dcoco.train.loop import run_training
 from dcoco.train.run_state import HeadSetup
@@ -183,11 +184,9 @@ def train(
 
 
 def init_dir(config: HeadTrainConfig) -> Path | None:
-    """The --init checkpoint's directory: a path, or a name under checkpoints/<target>/."""
-    for path in (Path(config.init), checkpoints_dir() / config.target / config.init):
-        if (path / WEIGHTS_FILE).is_file():
-            return path
-    return None
+    """The --init checkpoint's directory (a path, or a name under checkpoints/<target>/)."""
+    path = drafter_path(config.init, SimpleNamespace(name=config.target))
+    return path if (path / WEIGHTS_FILE).is_file() else None
 
 
 def part_ids(config: HeadTrainConfig) -> frozenset[str]:

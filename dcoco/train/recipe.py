@@ -31,11 +31,13 @@ import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 from dcoco.config import Command, config_from_args
 from dcoco.errors import DcocoError
 from dcoco.paths import cache_dir, checkpoints_dir
 from dcoco.train import drafter_train, head_train
+from dcoco.train.corrector_cache import drafter_path
 
 STAGE_COMMANDS = {c.name: c for c in (drafter_train.COMMAND, head_train.COMMAND)}
 LOG_FILE = "train_log.jsonl"
@@ -125,8 +127,7 @@ def resolve_init(runs: Path, recipe: Recipe, init: str) -> Path:
     earlier = {s.name: s for s in recipe.stages}
     if init in earlier:
         return artefact_dir(runs, recipe, earlier[init])
-    shipped = checkpoints_dir() / recipe.target / init
-    return shipped if shipped.is_dir() else Path(init)
+    return drafter_path(init, SimpleNamespace(name=recipe.target))
 
 
 def parse_stage(argv: list[str]):
