@@ -50,7 +50,7 @@ def test_shipped_drafter_greedy_equals_plain_and_is_accepted(smollm2):
     assert sum(taus) / len(taus) > 1.05, taus  # trained: a random drafter gives 1.00
 
 
-# Every head reads its drafter's gated, hinted logits; dcoco (dcoco-joint-12k) carries its own drafter.
+# Every head reads its drafter's gated, hinted logits; dcoco (dcoco-joint-12k) has its own drafter.
 @pytest.mark.parametrize(
     "method",
     [
