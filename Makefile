@@ -11,7 +11,7 @@ DEMO_ARGS     ?= --max-new-tokens 128
 # Experiment recipes (training, benchmarks) are scripts/reproduce/*.sh; its README maps every
 # results/ folder to the command that regenerates it.
 
-.PHONY: venv demo test test-fast lint clean-venv train-drafter train-dcoco venv-vllm test-vllm clean-venv-vllm
+.PHONY: venv demo test test-fast lint clean-venv train-drafter train-dcoco venv-vllm test-vllm clean-venv-vllm llama-cpp
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -41,6 +41,20 @@ lint: venv
 
 clean-venv:
 	rm -rf $(VENV)
+
+# The llama.cpp peer (`dcoco bench --methods ...,llama-cpp`), optional: llama-cpp-python from PyPI's
+# source package, compiled here for this CPU's SIMD extensions (scripts/llama_cpp_cmake_args.sh says
+# why not GGML_NATIVE) into the main venv.
+LLAMA_STAMP := $(VENV)/.dcoco-llama-installed
+
+$(LLAMA_STAMP): $(STAMP)
+	CMAKE_ARGS="$$(scripts/llama_cpp_cmake_args.sh)" $(PY) -m pip install -q --no-cache-dir \
+		--force-reinstall --no-deps 'llama-cpp-python==0.3.36'
+	$(PY) -m pip install -q -e '.[llama]'
+	$(PY) -c "import llama_cpp; print('llama-cpp-python', llama_cpp.__version__)"
+	touch $(LLAMA_STAMP)
+
+llama-cpp: $(LLAMA_STAMP)
 
 # The shipped checkpoints from their recipes (recipes/<target>/<name>.toml, `dcoco recipe`): every
 # stage resumes after a kill (run it again), then --ship copies the result into checkpoints/.

@@ -117,7 +117,7 @@ def add_config_args(
         default = (
             item.default if item.default is not dataclasses.MISSING else item.default_factory()  # type: ignore[misc]
         )
-        text = texts.get(item.name, "")
+        text = texts.get(item.name, "").replace("%", "%%")  # argparse formats help with %
         if item.name in positional:
             parser.add_argument(item.name, type=_converter(kind), help=text)
             continue

@@ -22,7 +22,7 @@ class GenerateConfig(DecodeConfig):
 def run(config: GenerateConfig) -> int:
     check_method(config.method)
     sampling = config.sampling(config.temperature)
-    target = open_target(config)
+    target = open_target(config, [config.method])
     engine = make_engine(target, config.method, config)
     prompt_ids = target.encode_chat(config.prompt, chat=config.chat)
     streamer = None if config.json else _Streamer(target)

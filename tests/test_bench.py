@@ -155,7 +155,7 @@ def test_bench_report_rebuilds_from_samples(run_dir):
 
 
 def test_compare_prints_the_shared_overall_table(target, monkeypatch, capsys):
-    monkeypatch.setattr("dcoco.eval.compare.open_target", lambda config: target)
+    monkeypatch.setattr("dcoco.eval.compare.open_target", lambda config, methods=(): target)
     argv = ["compare", "--methods", "plain,pld", "--limit", "2", "--max-new-tokens", "8"]
     assert main([*argv, "--dtype", "fp32", "--no-warmup"]) == 0
     out = capsys.readouterr().out

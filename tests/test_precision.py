@@ -87,8 +87,9 @@ def test_precision_and_attention_names():
     assert check_precision("int8") == "int8"
     with pytest.raises(DcocoError, match="unknown dtype 'int4'"):
         check_precision("int4")
-    assert resolve_attention("auto", "int8") == "eager"
-    assert resolve_attention("auto", "bf16") == "sdpa"
+    assert resolve_attention("auto", "int8") == "rowwise"
+    assert resolve_attention("auto", "bf16", torch.device("cpu")) == "rowwise"
+    assert resolve_attention("auto", "bf16", torch.device("cuda")) == "sdpa"
     assert resolve_attention("eager", "bf16") == "eager"
     with pytest.raises(DcocoError, match="unknown attention"):
         resolve_attention("flash", "bf16")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from dcoco.contracts import SamplingParams
+from dcoco.decode.auto_precision import resolve_dtype
 from dcoco.decode.cost_curve import forward_curve
 from dcoco.decode.draft_length import DraftLengthPolicy
 from dcoco.decode.engine import Engine
@@ -22,7 +23,7 @@ class DecodeConfig:
     `generate` and `compare`, a list for `bench`."""
 
     target: str = DEFAULT_TARGET  # embedded name or HF model directory
-    dtype: str = "bf16"  # bf16 | fp32 (exactness checks) | fp16 | int8 (weight-only: a new target)
+    dtype: str = "auto"  # auto (measured per machine) | bf16 | fp32 | fp16 | int8 | gguf
     attention: str = "auto"  # attention kernel: auto (eager for int8, else sdpa) | eager | sdpa
     matmul: str = "auto"  # linear kernel: auto (onednn on a CPU at fp32/bf16) | aten | onednn
     device: str = ""  # empty = CUDA when present, else CPU
@@ -60,12 +61,16 @@ class DecodeConfig:
         return count
 
 
-def open_target(config: DecodeConfig) -> TargetModel:
+def open_target(config: DecodeConfig, methods: list[str] = ()) -> TargetModel:
+    """The target at the config's precision; `auto` is resolved here for `methods` (our method
+    specs the command decodes with) and written back into `config.dtype`, so everything after
+    the load reads the precision that ran."""
     config.sampling()  # validate the flags before the (slower) model load
     if config.max_new_tokens <= 0:
         raise DcocoError(f"max-new-tokens must be > 0, got {config.max_new_tokens}")
     if config.threads > 0:
         torch.set_num_threads(config.threads)
+    config.dtype = resolve_dtype(config, list(methods))
     return load_target(
         config.target, config.dtype, config.device or None, config.attention, config.matmul
     )

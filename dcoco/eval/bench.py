@@ -29,10 +29,16 @@ from dcoco.config import Command
 from dcoco.contracts import SamplingParams
 from dcoco.decode.cost_curve import machine_fingerprint
 from dcoco.decode.engine import Engine
-from dcoco.decode.methods import check_method
-from dcoco.decode.session import DecodeConfig, make_engine, open_target
+from dcoco.decode.session import DecodeConfig, open_target
 from dcoco.errors import DcocoError
 from dcoco.eval import report
+from dcoco.eval.bench_rows import (
+    RowTargets,
+    make_row_engine,
+    ours_at_run_precision,
+    parse_row,
+    row_precision,
+)
 from dcoco.eval.run_record import method_checkpoints, write_run_record
 from dcoco.eval.samples import (
     SampleKey,
@@ -53,7 +59,7 @@ WARMUP_TOKENS = 32
 
 @dataclass
 class BenchConfig(DecodeConfig):
-    methods: tuple[str, ...] = ("plain", "pld", "dflash")  # plain is the speedup/match baseline
+    methods: tuple[str, ...] = ("plain", "pld", "dflash")  # METHOD[%DTYPE] or peer (hf, llama-cpp)
     suites: str = "all"  # all | comma-separated suite names
     data_dir: str = ""  # dir of <suite>.jsonl; empty = shared/data beside the repository
     prompts: str = ""  # one JSONL of suite records, used instead of --data-dir
@@ -81,7 +87,8 @@ def run_bench(
     config: BenchConfig, target: TargetModel | None = None, progress: bool = True
 ) -> Path:
     """Run the benchmark and write its report; `target` skips loading one (tests, notebooks)."""
-    methods = [check_method(m) for m in config.methods if m.strip()]
+    rows = [parse_row(m) for m in config.methods if m.strip()]
+    methods = [row.name for row in rows]
     if not methods:
         raise DcocoError("--methods is empty: give comma-separated method names")
     temperatures = _check_temperatures(config.temperatures)
@@ -91,9 +98,12 @@ def run_bench(
     if not prompts:
         raise DcocoError("no prompts to run: the chosen suites (or this shard) are empty")
     run_dir = _open_run_dir(config)
-    target = target or open_target(config)
-    engines = {method: make_engine(target, method, config) for method in methods}
-    _write_config(run_dir, config, target)
+    if target is None:
+        target = open_target(config, ours_at_run_precision(rows))
+    config.dtype = target.precision
+    targets = RowTargets(config, target)
+    engines = {row.name: make_row_engine(row, targets) for row in rows}
+    _write_config(run_dir, config, target, {row.name: row_precision(row, config) for row in rows})
 
     resuming = config.resume and sample_files(run_dir)
     done = {sample_key(r): r for r in read_samples(run_dir)} if resuming else {}
@@ -246,13 +256,16 @@ def _open_run_dir(config: BenchConfig) -> Path:
     return run_dir
 
 
-def _write_config(run_dir: Path, config: BenchConfig, target: TargetModel) -> None:
+def _write_config(
+    run_dir: Path, config: BenchConfig, target: TargetModel, precisions: dict[str, str]
+) -> None:
     """config.json: the config, plus where and with what each (resumed) session and shard ran;
     shards starting together take turns at the file."""
     session = provenance(
         started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         target=target.name,
         dtype=target.precision,
+        precisions=precisions,  # row -> the precision its weights ran at
         attention=target.attention,
         matmul=target.matmul,
         device=str(target.device),

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from dcoco.config import Command
 from dcoco.data.jsonl import iter_jsonl
-from dcoco.decode.methods import check_method
-from dcoco.decode.session import DecodeConfig, make_engine, open_target
+from dcoco.decode.session import DecodeConfig, open_target
 from dcoco.errors import DcocoError
+from dcoco.eval.bench_rows import RowTargets, make_row_engine, ours_at_run_precision, parse_row
 from dcoco.eval.metrics import summarize, temperature_key
 from dcoco.eval.report import overall_table
 from dcoco.paths import portable_record
@@ -38,7 +38,7 @@ BUILTIN_PROMPTS = [
 
 @dataclass
 class CompareConfig(DecodeConfig):
-    methods: tuple[str, ...] = ("plain", "pld")  # method specs; the first is the speedup baseline
+    methods: tuple[str, ...] = ("plain", "pld")  # METHOD[%DTYPE] or a peer; the 1st is the baseline
     temperature: float = 0.0  # 0 = greedy
     prompts: str = ""  # JSONL with `turns` (first turn used) or `prompt`; empty = built-in prompts
     limit: int = 0  # use at most this many prompts; 0 = all
@@ -60,13 +60,15 @@ def load_prompts(path: str, limit: int) -> list[str]:
 
 
 def run(config: CompareConfig) -> int:
-    methods = [check_method(m) for m in config.methods if m.strip()]
+    rows = [parse_row(m) for m in config.methods if m.strip()]
+    methods = [row.name for row in rows]
     if not methods:
         raise DcocoError("--methods is empty: give comma-separated method names")
     sampling = config.sampling(config.temperature)
     prompts = load_prompts(config.prompts, config.limit)
-    target = open_target(config)
-    engines = {method: make_engine(target, method, config) for method in methods}
+    target = open_target(config, ours_at_run_precision(rows))
+    targets = RowTargets(config, target)
+    engines = {row.name: make_row_engine(row, targets) for row in rows}
     encoded = [target.encode_chat(prompt, chat=config.chat) for prompt in prompts]
     if config.warmup:
         for engine in engines.values():
@@ -106,7 +108,7 @@ def run(config: CompareConfig) -> int:
         print("int8: weight-only int8 weights, a different target: compare with plain at int8 only")
     print("\n".join(overall_table(summary, temperature_key(config.temperature))))
     for method, engine in engines.items():
-        if engine.draft_length:
+        if getattr(engine, "draft_length", None):  # peers have none
             print(f"{method}: {engine.draft_length.describe()}")
     if config.output:
         config_record = portable_record(asdict(config))

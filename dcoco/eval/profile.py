@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from dcoco.config import Command
+from dcoco.decode.auto_precision import has_gguf, resolve_dtype
 from dcoco.decode.cost_curve import CONTEXT, CostCurve, forward_curve, machine_fingerprint
 from dcoco.decode.draft_length import DraftLengthPolicy
 from dcoco.decode.methods import MethodOptions, build_proposer, check_method
@@ -29,14 +30,13 @@ from dcoco.models.loading import DEFAULT_TARGET, default_device, load_target
 from dcoco.models.packed_linear import resolve_matmul
 from dcoco.models.precision import check_precision, load_dtype
 
-DEFAULT_DTYPE = DecodeConfig.dtype  # what decoding uses unless told
 DEFAULT_MATMUL = DecodeConfig.matmul
 
 
 @dataclass
 class ProfileConfig:
     target: str = DEFAULT_TARGET  # embedded name or HF model directory
-    dtypes: tuple[str, ...] = ("bf16", "int8", "fp32")  # target precisions to time
+    dtypes: tuple[str, ...] = ("bf16", "gguf", "int8", "fp32")  # precisions to time, if any
     attention: str = "auto"  # the target's attention kernel: auto | eager | sdpa
     matmuls: tuple[str, ...] = ("aten", "onednn")  # linear kernels to time (where they apply)
     methods: tuple[str, ...] = ("dflash", "dcoco")  # drafter methods whose draft cost to time
@@ -54,7 +54,10 @@ def run(config: ProfileConfig) -> int:
     if config.threads > 0:
         torch.set_num_threads(config.threads)
     report: dict = {"machine": machine_fingerprint(), "target": config.target, "forward_ms": {}}
-    default = (DEFAULT_DTYPE, _resolved(DEFAULT_MATMUL, DEFAULT_DTYPE, config))
+    auto = DecodeConfig(target=config.target, device=config.device, attention=config.attention)
+    chosen = resolve_dtype(auto, methods, refresh=config.refresh)
+    report["auto_dtype"] = chosen
+    default = (chosen, _resolved(DEFAULT_MATMUL, chosen, config))
     default_target = None
     for setting in _settings(config):
         dtype, matmul = setting
@@ -81,6 +84,8 @@ def _settings(config: ProfileConfig) -> list[tuple[str, str]]:
     linear takes CPU fp32 and bf16 only; int8 has its own kernel)."""
     pairs = []
     for dtype in [check_precision(d) for d in config.dtypes]:
+        if dtype == "gguf" and not has_gguf(config.target):
+            continue  # a target without a GGUF file has no gguf precision
         kernels = {_resolved(m, dtype, config) for m in config.matmuls if m.strip()}
         pairs += [(dtype, kernel) for kernel in sorted(kernels or {"aten"})]
     return pairs
@@ -153,7 +158,10 @@ def _tables(report: dict) -> str:
         cells = " | ".join(f"{curve[n]:.1f}" for n in counts)
         lines.append(f"| {setting} | {cells} | {curve['8'] / curve['1']:.2f}x |")
     default = report["default"]
-    lines.append(f"\nthe engine's default: {default['setting']}, --num-draft-tokens auto")
+    lines.append(
+        f"\n--dtype auto picks {report['auto_dtype']} here (see dcoco.decode.auto_precision); "
+        f"the engine's default: {default['setting']}, --num-draft-tokens auto"
+    )
     for method, costs in default["methods"].items():
         draft = " ".join(f"{k}:{v:.1f}" for k, v in costs["draft_ms"].items())
         correct = " ".join(f"{k}:{v:.1f}" for k, v in costs["correct_ms"].items())

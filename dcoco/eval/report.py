@@ -141,6 +141,10 @@ def _setup(summary: dict, config: dict | None) -> list[str]:
         ]
         if first["dtype"] == "int8":
             lines.append(INT8_NOTE)
+        precisions = first.get("precisions") or {}
+        if any(p != first["dtype"] for p in precisions.values()):
+            rows = ", ".join(f"{row} {p}" for row, p in precisions.items())
+            lines.append(f"Rows at their own precision (weights): {rows}.")
     return lines
 
 

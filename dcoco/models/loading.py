@@ -19,8 +19,10 @@ from pathlib import Path
 import torch
 
 from dcoco.errors import DcocoError
+from dcoco.models.gguf_weights import load_gguf_linears
 from dcoco.models.packed_linear import pack_linears, resolve_matmul
 from dcoco.models.precision import load_dtype, quantise_int8_weights, resolve_attention
+from dcoco.models.rowwise_attention import hf_attention
 from dcoco.models.target import TargetModel
 from dcoco.paths import cache_dir
 
@@ -75,9 +77,9 @@ def load_target(
     matmul: str = "aten",
 ):
     """Load `spec` as a TargetModel on `device` (CUDA when present, else CPU), at precision
-    `dtype` (dcoco.models.precision: bf16 | fp32 | fp16 | int8) with the `attention` kernel and
-    the `matmul` kernel of its linear layers (dcoco.models.packed_linear: aten, the default,
-    trains; onednn decodes faster on CPU and has no backward).
+    `dtype` (dcoco.models.precision: bf16 | fp32 | fp16 | int8 | gguf) with the `attention`
+    kernel and the `matmul` kernel of its linear layers (dcoco.models.packed_linear: aten, the
+    default, trains; onednn decodes faster on CPU and has no backward).
 
     bf16 is the decoding default: a batch-1 step is memory-bound, and bf16 halves the bytes even
     where matmuls are emulated (AVX2 CPUs), while fp32 is the dtype for exactness checks. Training,
@@ -89,12 +91,12 @@ def load_target(
     hf_logging.disable_progress_bar()  # a per-tensor bar on every load is noise in the CLI
     torch_device = torch.device(device) if device else default_device()
     torch_dtype = load_dtype(dtype)
-    kernel = resolve_attention(attention, dtype)
+    kernel = resolve_attention(attention, dtype, torch_device)
     matmul = resolve_matmul(matmul, dtype, torch_dtype, torch_device)
     path = resolve_target(spec)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch_dtype, attn_implementation=kernel
+            path, dtype=torch_dtype, attn_implementation=hf_attention(kernel)
         )
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as error:
@@ -102,12 +104,29 @@ def load_target(
     model = model.to(torch_device)
     if dtype == "int8":
         quantise_int8_weights(model)
+    if dtype == "gguf":
+        load_gguf_linears(model, gguf_file(spec))
     if matmul == "onednn":
         pack_linears(model)
     name = spec if spec in EMBEDDED_TARGETS else path.name
     return TargetModel(
         model, tokenizer, name=name, precision=dtype, attention=kernel, matmul=matmul
     )
+
+
+def gguf_file(spec: str) -> Path:
+    """The target's GGUF file (dtype gguf, the llama-cpp peer): the embedded target's own, or the
+    one .gguf file in the model directory."""
+    if spec in EMBEDDED_TARGETS:
+        return _find_gguf(EMBEDDED_TARGETS[spec])
+    path = resolve_target(spec)
+    found = sorted(path.glob("*.gguf"))
+    if len(found) != 1:
+        raise DcocoError(
+            f"this needs the target's GGUF file: {path} holds {len(found)} .gguf files (need "
+            "exactly one)"
+        )
+    return found[0]
 
 
 def _find_gguf(embedded: EmbeddedTarget) -> Path:

@@ -10,10 +10,9 @@
 
 Measured on 2 cores of an AMD EPYC (Zen 4, AVX-512 with bf16), SmolLM2-135M, 3 chat prompts of
 `dcoco compare`: a decoding step is memory-bound, so halving the weight bytes takes it from 42 ms
-(bf16) to 25 ms (int8). Row-wise determinism needs the eager attention too: with int8 weights and
-eager attention prompt lookup's output equalled plain decoding's on 3 of 3 prompts, with SDPA on 0
-of 3 (its kernel blocks differently for 1 and k queries). bf16 matmuls are not row-wise
-deterministic under either kernel (2 of 3 with SDPA, 0 of 3 with eager), so `auto` keeps SDPA there.
+(bf16) to 25 ms (int8). Row-wise determinism needs the attention too: SDPA blocks differently for
+1 and k queries, and eager's bf16 matmuls did on an Intel Xeon with AMX at short contexts, so
+`auto` takes the `rowwise` kernel on CPU (dcoco.models.rowwise_attention).
 """
 
 from __future__ import annotations
@@ -24,8 +23,8 @@ from torch import Tensor, nn
 from dcoco.errors import DcocoError
 
 LOAD_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
-PRECISIONS = (*LOAD_DTYPES, "int8")
-ATTENTIONS = ("auto", "eager", "sdpa")
+PRECISIONS = (*LOAD_DTYPES, "int8", "gguf")  # gguf: dcoco.models.gguf_weights
+ATTENTIONS = ("auto", "eager", "sdpa", "rowwise")  # rowwise: dcoco.models.rowwise_attention
 
 
 def check_precision(name: str) -> str:
@@ -35,16 +34,18 @@ def check_precision(name: str) -> str:
 
 
 def load_dtype(precision: str) -> torch.dtype:
-    """The dtype the checkpoint is loaded in: int8 quantises from bf16 (its activation dtype)."""
+    """The dtype the checkpoint is loaded in: int8 quantises from bf16 and gguf runs its codes with
+    bf16 activations."""
     return LOAD_DTYPES.get(check_precision(precision), torch.bfloat16)
 
 
-def resolve_attention(name: str, precision: str) -> str:
-    """`auto`: eager for int8 (row-wise deterministic, see the module doc), SDPA otherwise."""
+def resolve_attention(name: str, precision: str, device: torch.device | None = None) -> str:
+    """`auto`: `rowwise` on a CPU (every verify row computed as the 1-token step computes it,
+    dcoco.models.rowwise_attention), SDPA on CUDA."""
     if name not in ATTENTIONS:
         raise DcocoError(f"unknown attention '{name}': choose one of {', '.join(ATTENTIONS)}")
     if name == "auto":
-        return "eager" if precision == "int8" else "sdpa"
+        return "sdpa" if device is not None and device.type == "cuda" else "rowwise"
     return name
 
 

@@ -1,0 +1,112 @@
+"""`--dtype auto`: the target precision for this machine and these methods, from measured costs.
+
+Which precision decodes fastest depends on the CPU (native or emulated bf16, AMX, int4 kernels)
+and on the method: the 4-bit GGUF codes make a 1-token step much cheaper than bf16, while a
+k-token verify gains less (the int4 kernel's cost grows with the row count). So each candidate's
+forward-cost curve is measured on this machine (dcoco.decode.cost_curve, cached), and auto takes
+the precision under which the run's best method expects the most tokens per millisecond:
+E(k) / verify(k + 1) at its best draft length k, with the method's stored per-slot acceptance
+(plain: 1 / step(1)). The drafter's own pass is left out: it runs at bf16 under both bf16 and
+gguf. The choice is cached per machine, target and methods; `dcoco profile --refresh` redoes it.
+On CUDA auto is bf16.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from dcoco.decode.cost_curve import CostCurve, forward_curve, machine_fingerprint
+from dcoco.decode.draft_length import FLAT_PRIOR, expected_tokens
+from dcoco.decode.methods import MethodOptions, resolve_method
+from dcoco.errors import DcocoError
+from dcoco.models.drafter_io import stored_slot_accuracy
+from dcoco.models.loading import default_device, gguf_file, load_target
+from dcoco.paths import cache_dir
+
+CANDIDATES = ("bf16", "gguf", "fp32")  # CPU precisions auto compares, where the target has them
+
+
+def resolve_dtype(config, methods: list[str], refresh: bool = False) -> str:
+    """`config.dtype`, or for `auto` the measured choice (printed to stderr, cached); `methods`:
+    our method specs the run decodes with (rows at their own precision and peers left out)."""
+    if config.dtype != "auto":
+        return config.dtype
+    device = torch.device(config.device) if config.device else default_device()
+    if device.type != "cpu":
+        return "bf16"
+    methods = sorted(set(methods)) or ["plain"]
+    path = _choice_path(config, methods)
+    if path.is_file() and not refresh:
+        try:
+            record = json.loads(path.read_text())
+            _announce(record)
+            return record["dtype"]
+        except (ValueError, KeyError, TypeError):
+            pass  # unreadable: choose again
+    rates = {dtype: _best_rate(config, dtype, methods) for dtype in _candidates(config.target)}
+    best = max(rates, key=rates.get)
+    record = {"dtype": best, "tokens_per_ms": rates, "methods": methods}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1))
+    _announce(record)
+    return best
+
+
+def method_rate(method: str, target, curve: CostCurve, options: MethodOptions) -> float:
+    """Expected tokens per ms of `method` on `curve` at its best draft length (draft cost left
+    out, see the module doc)."""
+    resolved = resolve_method(method, target, options)
+    if resolved.spec.method == "plain":
+        return 1.0 / curve.ms(1)
+    prior = list(stored_slot_accuracy(resolved.path)) if resolved.path else []
+    acceptance = prior + [FLAT_PRIOR] * (resolved.max_slots - len(prior))
+    return max(
+        expected_tokens(acceptance, k) / curve.ms(k + 1) for k in range(1, resolved.max_slots + 1)
+    )
+
+
+def _best_rate(config, dtype: str, methods: list[str]) -> float:
+    target = load_target(config.target, dtype, config.device or None, config.attention,
+                         config.matmul)  # fmt: skip
+    curve = forward_curve(target)
+    options = config.method_options()
+    return round(max(method_rate(m, target, curve, options) for m in methods), 5)
+
+
+def has_gguf(spec: str) -> bool:
+    """Whether the target has a GGUF file (the gguf precision exists for it)."""
+    try:
+        gguf_file(spec)
+    except DcocoError:
+        return False
+    return True
+
+
+def _candidates(spec: str) -> list[str]:
+    return [d for d in CANDIDATES if d != "gguf" or has_gguf(spec)]
+
+
+def _choice_path(config, methods: list[str]) -> Path:
+    key = {
+        **machine_fingerprint(),
+        "target": config.target,
+        "attention": config.attention,
+        "matmul": config.matmul,
+        "methods": methods,
+    }
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / "profiles" / f"auto-dtype-{Path(config.target).name}-{digest}.json"
+
+
+def _announce(record: dict) -> None:
+    rates = ", ".join(f"{d} {r:.4f}" for d, r in record["tokens_per_ms"].items())
+    print(
+        f"dcoco: dtype auto -> {record['dtype']} (expected tokens/ms of the best method on this "
+        f"machine: {rates})",
+        file=sys.stderr,
+    )
