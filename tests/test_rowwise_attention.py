@@ -55,4 +55,5 @@ def test_bf16_prompt_lookup_equals_plain_with_rowwise():
     for seed in range(3):
         prompt = torch.randint(5, 128, (12,), generator=torch.Generator().manual_seed(seed))
         plain = Engine(target).generate(prompt.tolist(), 48).new_ids
-        assert Engine(target, PromptLookupProposer(6)).generate(prompt.tolist(), 48).new_ids == plain
+        lookup = Engine(target, PromptLookupProposer(6)).generate(prompt.tolist(), 48)
+        assert lookup.new_ids == plain

@@ -35,6 +35,7 @@ from dcoco.eval import report
 from dcoco.eval.bench_rows import (
     RowTargets,
     make_row_engine,
+    our_method_specs,
     ours_at_run_precision,
     parse_row,
     row_precision,
@@ -77,7 +78,8 @@ class BenchConfig(DecodeConfig):
 
 def run(config: BenchConfig) -> int:
     run_dir = run_bench(config)
-    write_run_record(run_dir, "bench", config, method_checkpoints(config.methods, config.target))
+    checkpoints = method_checkpoints(our_method_specs(config.methods), config.target)
+    write_run_record(run_dir, "bench", config, checkpoints)
     print(report.console_summary(json.loads((run_dir / report.SUMMARY_FILE).read_text())))
     print(f"results: {run_dir}", file=sys.stderr)
     return 0

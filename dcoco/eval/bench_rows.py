@@ -40,6 +40,13 @@ def parse_row(spec: str) -> BenchRow:
     return BenchRow(name, method, dtype or None)
 
 
+def our_method_specs(specs) -> list[str]:
+    """Our method specs among the row strings `specs`, each once (peers and `%DTYPE` dropped):
+    what a run record lists checkpoints for."""
+    rows = [parse_row(spec) for spec in specs if spec.strip()]
+    return list(dict.fromkeys(row.method for row in rows if row.method not in PEER_METHODS))
+
+
 def ours_at_run_precision(rows: list[BenchRow]) -> list[str]:
     """Our method specs among `rows` that run at the run's precision (what `--dtype auto` is
     chosen for)."""
