@@ -15,10 +15,12 @@ from dcoco.models.gguf_weights import (
     _check_same_weight,
     _hf_row_order,
     dequantise,
+    install_int4,
     q4_1_blocks,
 )
 from dcoco.models.precision import resolve_attention
 from dcoco.models.rowwise_attention import hf_attention
+from dcoco.models.shared_input import OutputSlice
 from dcoco.models.target import TargetModel
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -86,17 +88,29 @@ def test_a_gguf_of_another_model_is_refused():
         _check_same_weight("w", codes, scale, zero, weight.flip(0))
 
 
-def test_gguf_verify_rows_equal_single_steps():
-    """A tiny Llama with every decoder linear on int4 codes and the rowwise attention (auto's
-    choice on CPU): the logits of a k-token forward equal k one-token steps bit for bit."""
+def tiny_gguf_target(fuse: bool = True) -> TargetModel:
+    """A tiny Llama with every decoder linear on random int4 codes and the rowwise attention
+    (auto's choice on CPU); `fuse` runs q/k/v and gate/up as shared products, as loading does."""
     model = make_tiny_target("llama").model.to(torch.bfloat16)
     model.set_attn_implementation(hf_attention(resolve_attention("auto", "gguf")))
-    for name, module in list(model.model.layers.named_modules()):
-        if isinstance(module, torch.nn.Linear):
+    codes_of = {}
+    for name, module in list(model.named_modules()):
+        if isinstance(module, torch.nn.Linear) and name.startswith("model.layers."):
             rows, cols = module.out_features, module.in_features
-            codes, scale, zero = q4_1_blocks(q4_1_bytes(rows, cols, seed=rows), rows, cols)
-            model.model.layers.set_submodule(name, Int4GroupLinear(codes, scale, zero))
-    target = TargetModel(model, name="tiny-gguf", precision="gguf", attention="rowwise")
+            seed = rows + cols + len(codes_of)
+            codes_of[name] = (*q4_1_blocks(q4_1_bytes(rows, cols, seed), rows, cols), None)
+    if fuse:
+        install_int4(model, codes_of)
+    else:
+        for name, (codes, scale, zero, _) in codes_of.items():
+            model.set_submodule(name, Int4GroupLinear(codes, scale, zero))
+    return TargetModel(model, name="tiny-gguf", precision="gguf", attention="rowwise")
+
+
+def test_gguf_verify_rows_equal_single_steps():
+    """The logits of a k-token forward equal k one-token steps bit for bit."""
+    target = tiny_gguf_target()
+    assert isinstance(target.layers[0].self_attn.k_proj, OutputSlice)
     prompt = torch.randint(5, 128, (1, 20), generator=torch.Generator().manual_seed(1))
     block = torch.randint(5, 128, (1, 6), generator=torch.Generator().manual_seed(2))
     cache = target.new_cache()
@@ -105,3 +119,11 @@ def test_gguf_verify_rows_equal_single_steps():
     crop_cache(cache, 20)
     one_by_one = torch.cat([target.forward(block[:, i : i + 1], cache).logits for i in range(6)], 1)
     assert torch.equal(together, one_by_one)
+
+
+def test_fused_projections_compute_the_separate_layers():
+    """q/k/v and gate/up as one product: the same logits as one kernel call per layer."""
+    ids = torch.randint(5, 128, (1, 12), generator=torch.Generator().manual_seed(4))
+    fused = tiny_gguf_target(fuse=True).forward(ids).logits
+    separate = tiny_gguf_target(fuse=False).forward(ids).logits
+    assert torch.equal(fused, separate)

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from dcoco.errors import DcocoError
+from dcoco.models.shared_input import SharedProduct, slices
 
 GROUP = 32  # Q4_1's block, and the kernel's group size
 INNER_K_TILES = 2  # the packing's tile depth: in_features must divide by 16 * this
@@ -38,6 +39,8 @@ LINEAR_KINDS = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# layers of one module that read the same input, in the order they are called
+SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 def q4_1_blocks(raw: np.ndarray, rows: int, cols: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -80,6 +83,7 @@ class Int4GroupLinear(nn.Module):
 def load_gguf_linears(model: nn.Module, gguf_path: Path) -> dict[str, int]:
     """Replace each linear layer of `model` that the GGUF at `gguf_path` ships as Q4_1 by an
     Int4GroupLinear over the file's own codes; returns {tensor type: count} of what ran natively.
+    Layers that read one input (q/k/v, gate/up) run as one product (dcoco.models.shared_input).
 
     Every replaced layer is checked against the weight `model` already holds (the same file
     dequantised), so a GGUF of another model is refused instead of silently served."""
@@ -88,7 +92,7 @@ def load_gguf_linears(model: nn.Module, gguf_path: Path) -> dict[str, int]:
     if next(model.parameters()).device.type != "cpu":
         raise DcocoError("dtype gguf is a CPU precision (torch's int4 CPU kernel); use bf16")
     config = model.config
-    native: dict[str, int] = {}
+    codes_of: dict[str, tuple[Tensor, Tensor, Tensor, Tensor | None]] = {}
     for tensor in gguf.GGUFReader(str(gguf_path)).tensors:
         parts = tensor.name.split(".")  # blk.<i>.<kind>.weight
         if len(parts) != 4 or parts[0] != "blk" or parts[2] not in LINEAR_KINDS:
@@ -102,11 +106,34 @@ def load_gguf_linears(model: nn.Module, gguf_path: Path) -> dict[str, int]:
         order = _hf_row_order(parts[2], rows, config)
         codes, scale, zero = codes[order], scale[order], zero[order]
         _check_same_weight(path, codes, scale, zero, linear.weight)
-        model.set_submodule(path, Int4GroupLinear(codes, scale, zero, linear.bias))
-        native["Q4_1"] = native.get("Q4_1", 0) + 1
-    if not native:
+        codes_of[path] = (codes, scale, zero, linear.bias)
+    if not codes_of:
         raise DcocoError(f"{gguf_path.name} has no Q4_1 linear layers for dtype gguf; use bf16")
-    return native
+    install_int4(model, codes_of)
+    return {"Q4_1": len(codes_of)}
+
+
+def install_int4(model: nn.Module, codes_of: dict) -> None:
+    """Set each module path of `codes_of` ({path: (codes, scale, zero, bias)}) to its int4
+    layer, fusing the groups of SHARED_INPUT whose members are all there and bias-free."""
+    fused: set[str] = set()
+    for path in codes_of:
+        block, _, name = path.rpartition(".")
+        group = next((g for g in SHARED_INPUT if name in g), None)
+        members = [f"{block}.{member}" for member in group] if group else []
+        if not members or members[0] != path or not all(m in codes_of for m in members):
+            continue
+        if any(codes_of[m][3] is not None for m in members):
+            continue
+        stacked = [torch.cat([codes_of[m][i] for m in members]) for i in range(3)]
+        product = SharedProduct(Int4GroupLinear(*stacked), len(members))
+        widths = [codes_of[m][0].shape[0] for m in members]
+        for member, piece in zip(members, slices(product, widths), strict=True):
+            model.set_submodule(member, piece)
+        fused.update(members)
+    for path, (codes, scale, zero, bias) in codes_of.items():
+        if path not in fused:
+            model.set_submodule(path, Int4GroupLinear(codes, scale, zero, bias))
 
 
 def dequantise(codes: Tensor, scale: Tensor, zero: Tensor) -> Tensor:

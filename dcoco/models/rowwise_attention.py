@@ -38,6 +38,8 @@ def rowwise_attention_forward(
     # One sequence without padding: its causal prefix is its whole mask, so every row (the step's
     # single row included) runs unmasked over exactly the keys it may see.
     kwargs.pop("is_causal", None)
+    if queries == 1:  # the step: the one row's call, without the split and join
+        return sdpa_attention_forward(module, query, key, value, None, is_causal=False, **kwargs)
     rows = [
         sdpa_attention_forward(
             module,
