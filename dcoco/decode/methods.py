@@ -38,7 +38,6 @@ class MethodOptions:
     num_draft_tokens: int = 0  # 0 = the method's most (pld: 8; drafters: block_size - 1)
     drafter: str = ""  # checkpoint dir for drafter methods whose spec names none
     selection: str = "greedy"  # dcoco's selection rule when the spec names none
-    draft_vocab: bool = True  # score the checkpoint's draft vocabulary only, where it ships one
 
 
 @dataclass(frozen=True)
@@ -146,14 +145,10 @@ def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> 
     from dcoco.decode.dflash_proposer import DFlashProposer
     from dcoco.decode.head_proposer import HeadProposer
     from dcoco.decode.hybrid_proposer import HybridProposer
-    from dcoco.models.draft_vocab import read_draft_vocab
     from dcoco.models.drafter_io import load_drafter, stored_slot_accuracy
     from dcoco.models.head_io import load_head
 
     drafter = load_drafter(path, target)
-    vocab_ids = read_draft_vocab(path, target.info.vocab_size) if options.draft_vocab else None
-    if vocab_ids is not None:
-        drafter.use_draft_vocab(vocab_ids)
     num_draft_tokens = options.num_draft_tokens or None
     prior = stored_slot_accuracy(path)
     if spec.method in ("dflash", "pld-dflash"):

@@ -36,20 +36,14 @@ class DecodeConfig:
     num_draft_tokens: str = "auto"  # auto | N: drafts per cycle (auto: best measured tokens/s)
     drafter: str = ""  # drafter checkpoint; empty = the one shipped for the target
     selection: str = "greedy"  # dcoco's selection rule: greedy | keep1 | global | discounted | top1
-    draft_vocab: str = "checkpoint"  # checkpoint (its draft vocabulary, where it ships one) | full
 
     def sampling(self, temperature: float = 0.0) -> SamplingParams:
         return SamplingParams(temperature=temperature, top_p=self.top_p, top_k=self.top_k)
 
     def method_options(self) -> MethodOptions:
         fixed = self.fixed_draft_tokens()
-        if self.draft_vocab not in ("checkpoint", "full"):
-            raise DcocoError(f"--draft-vocab must be checkpoint or full, got '{self.draft_vocab}'")
         return MethodOptions(
-            num_draft_tokens=fixed or 0,
-            drafter=self.drafter,
-            selection=self.selection,
-            draft_vocab=self.draft_vocab == "checkpoint",
+            num_draft_tokens=fixed or 0, drafter=self.drafter, selection=self.selection
         )
 
     def fixed_draft_tokens(self) -> int | None:

@@ -66,7 +66,6 @@ class HeldoutConfig:
     feature_cache: str = ""  # directory of cached target features (as in training)
     bench_run: str = ""  # a `dcoco bench` run dir: its plain T=0 replies replace the corpus
     oracle_k: int = 16  # > 0: top-k oracle rows over the first drafter, and headroom shares
-    draft_vocab: str = "checkpoint"  # checkpoint (its draft vocabulary, where it ships one) | full
     out: str = "results/heldout"  # output dir: heldout.json, heldout.md
 
 
@@ -106,8 +105,6 @@ def measure(
     methods = [check_method(m) for m in config.methods if m.strip()]
     if not methods:
         raise DcocoError("--methods is empty")
-    if config.draft_vocab not in ("checkpoint", "full"):
-        raise DcocoError(f"--draft-vocab must be checkpoint or full, got '{config.draft_vocab}'")
     target = target or load_target(config.target, config.dtype)
     if samples is None:
         train, heldout = _corpus_split(config, target.info.vocab_size)
@@ -143,8 +140,7 @@ def measure(
             )
             rows[label] = {**_row(corrects, config), "weights": weights}
             continue
-        options = MethodOptions(draft_vocab=config.draft_vocab != "full")
-        proposer = build_proposer(method, target, options)
+        proposer = build_proposer(method, target, MethodOptions())
         if proposer is None or not hasattr(proposer, "drafter"):
             raise DcocoError(f"'{method}' is not a drafter method")
         bigram = None

@@ -25,7 +25,6 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, rot
 from dcoco.errors import DcocoError
 from dcoco.models.cache import cache_length, crop_cache
 from dcoco.models.copy_hints import add_copy_bonus
-from dcoco.models.draft_vocab import VocabHead
 
 DEFAULT_NUM_TAPS = 3
 
@@ -243,11 +242,6 @@ class BlockDrafter(nn.Module):
         self.copy_gate = None
         if config.copy_gate:
             self.add_copy_gate()
-        self.draft_head: VocabHead | None = None  # set by use_draft_vocab: decoding only
-
-    def use_draft_vocab(self, vocab_ids: Tensor) -> None:
-        """Score only `vocab_ids` in `logits` (dcoco.models.draft_vocab): decoding's choice."""
-        self.draft_head = VocabHead(self._shared[1], vocab_ids)
 
     def add_copy_gate(self) -> None:
         """Give the drafter a copy gate (dcoco.models.copy_hints), zero-initialised so that its
@@ -269,7 +263,6 @@ class BlockDrafter(nn.Module):
         """[batch, slots, hidden] -> [batch, slots, vocab] with the target's lm_head, and the copy
         gate's bonus at the hints `hint_ids` [batch, slots] if the drafter has a gate."""
         embed_tokens, head = self._shared
-        head = head if self.draft_head is None else self.draft_head
         # 2-D and contiguous: a strided 3-D input (the slots cut out of a block) sends F.linear
         # down a batched-matmul path that copies the whole 49k-row weight on every call.
         rows = hidden.reshape(-1, hidden.shape[-1]).to(embed_tokens.weight.dtype).contiguous()
