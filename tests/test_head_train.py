@@ -137,7 +137,7 @@ def test_a_run_from_a_checkpoint_with_a_head_continues_that_head(tiny_llama_targ
     drafter = tiny_drafter(tiny_llama_target, tmp_path, samples, 4)
     head_flags = dict(mode="dropin", top_k=4, mlp_hidden=32, **{**SHARED, "lr": 3e-2})
     first = train_head(
-        HeadTrainConfig(out=str(tmp_path / "a"), init=drafter["drafter"], max_steps=9,
+        HeadTrainConfig(out=str(tmp_path / "a"), init=drafter["drafter"], max_steps=20,
                         **head_flags),
         target=tiny_llama_target, samples=samples, progress_bar=False,
     )  # fmt: skip
@@ -149,7 +149,8 @@ def test_a_run_from_a_checkpoint_with_a_head_continues_that_head(tiny_llama_targ
         target=tiny_llama_target, samples=samples, progress_bar=False,
     )  # fmt: skip
     assert again["initial"]["loss"] == pytest.approx(first["final"]["loss"], rel=2e-3)
-    assert first["initial"]["loss"] != pytest.approx(first["final"]["loss"], rel=2e-2)
+    # ... and that is a claim only because the head moved the loss well beyond that tolerance
+    assert first["initial"]["loss"] != pytest.approx(first["final"]["loss"], rel=5e-3)
     with pytest.raises(DcocoError, match="other settings"):  # a different head: never silent
         train_head(
             HeadTrainConfig(out=str(tmp_path / "c"), init=first["drafter"], max_steps=1,

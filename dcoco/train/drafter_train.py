@@ -99,7 +99,7 @@ HELPS = {
     "gamma": "slot loss decay: w_k = exp(-(k-1)/gamma)",
     "epochs": "passes over the training split (ignored when --max-steps > 0)",
     "max_steps": "stop after this many optimizer steps; 0 = run the epochs",
-    "batch_size": "sequences per optimizer step",
+    "batch_size": "sequences per optimizer step (under torchrun: over all processes together)",
     "anchors_per_seq": "blocks sampled per sequence per step (random anchors; held-out blocks "
     "always use this rule)",
     "anchor_stride": "dense anchors: every N-th reply position is an anchor, shifted by one each "

@@ -31,6 +31,7 @@ from tqdm import tqdm
 from dcoco.data.distill import Sample, corpus_parts, read_part
 from dcoco.errors import DcocoError
 from dcoco.paths import cache_dir
+from dcoco.train.distributed import SINGLE, Ranks, barrier
 from dcoco.train.target_features import TargetFeatures
 
 FORMAT_VERSION = 1
@@ -162,9 +163,11 @@ def build_feature_cache(
     batch_tokens: int = 4096,
     progress_bar: bool = True,
     needed: set[str] | None = None,
+    ranks: Ranks = SINGLE,
 ) -> FeatureCache:
     """Compute the shards of every corpus part not cached yet, then open all of them; with
-    `needed` (record ids), only the parts holding one of them.
+    `needed` (record ids), only the parts holding one of them. In a data-parallel run the
+    missing parts are shared out (part i to rank i mod world) and every rank opens them all.
 
     Records are cached whole, up to the target's context; a killed build resumes part by part.
     """
@@ -181,8 +184,14 @@ def build_feature_cache(
             missing.append((part, bin_path))
         else:
             shards[part.stem] = shard
-    if missing:
-        _build_missing(target, taps, missing, shards, batch_tokens, progress_bar)
+    barrier(ranks)  # every rank has seen the same parts missing before any is built
+    if ranks.share(missing):
+        _build_missing(target, taps, ranks.share(missing), shards, batch_tokens, progress_bar)
+    barrier(ranks)
+    for part, bin_path in missing:
+        shards[part.stem] = shards.get(part.stem) or _load_index(bin_path)
+        if shards[part.stem] is None:
+            raise DcocoError(f"the feature cache of {part.name} was not built; rerun the command")
     by_record = {rid: shard for shard in shards.values() for rid in shard.records}
     return FeatureCache(by_record, target.device, target.dtype)
 
@@ -204,7 +213,9 @@ def _build_missing(target, taps, missing, shards, batch_tokens, progress_bar) ->
     print(f"dcoco: feature cache complete ({rate:,.0f} tokens/s)", file=sys.stderr)
 
 
-def open_features(config, target, taps: tuple[int, ...], samples: list[Sample] | None):
+def open_features(
+    config, target, taps: tuple[int, ...], samples: list[Sample] | None, ranks: Ranks = SINGLE
+):
     """The features a training run reads over `samples` (None: records passed in directly, not
     read from `config.corpus`): the corpus's feature cache under `--feature-cache` (empty: the
     cache dir), built where missing; or computed online for records passed in or with
@@ -213,4 +224,4 @@ def open_features(config, target, taps: tuple[int, ...], samples: list[Sample] |
         return TargetFeatures(target, taps)
     root = config.feature_cache or cache_dir()
     needed = {s.id for s in samples} if config.max_records else None
-    return build_feature_cache(target, taps, config.corpus, root, needed=needed)
+    return build_feature_cache(target, taps, config.corpus, root, needed=needed, ranks=ranks)

@@ -16,6 +16,7 @@ run trains both on; its settings must match the flags.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,6 +173,11 @@ def train(
         return head
 
     if config.corrector_cache:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise DcocoError(
+                "--corrector-cache trains in one process (its cache is the costly part and is "
+                "built once); run it without torchrun"
+            )
         return train_from_cache(config, build, target, progress_bar)
     setup = HeadSetup(
         build=build,

@@ -32,44 +32,57 @@ from dcoco.train.block_pass import (
     prepare_item,
 )
 from dcoco.train.blocks import slot_weights
+from dcoco.train.distributed import finish, init_ranks, rank_device, sum_gradients
 from dcoco.train.feature_cache import open_features
 from dcoco.train.grow import grow_drafter
 from dcoco.train.run_dir import RunDir
-from dcoco.train.run_end import finish_run, save_artefact, write_provenance
+from dcoco.train.run_end import artefact_dir, finish_run, save_artefact, write_provenance
 from dcoco.train.run_state import HeadSetup, Run
 from dcoco.train.step import bigram_baseline, context_window, evaluate, step_losses
 from dcoco.train.warm_start import warm_start_from_target
 
 SNAPSHOT = "snapshot"  # <out>/snapshot/: the latest saved weights as a loadable checkpoint
+ITEM_SEED_STRIDE = 7919  # record i of a step's batch draws its anchors from seed + i * this
 
 
 def run_training(config, target, samples, progress_bar: bool, head_setup: HeadSetup | None):
     """Train (or resume) as `config` says; returns the held-out metrics and the artefact path."""
     run = setup(config, target, samples, head_setup)
-    initial = evaluate(run) if run.step == 0 else None
+    writer = run.ranks.writer  # evaluation, logs and checkpoints: rank 0 alone
+    initial = evaluate(run) if run.step == 0 and writer else None
     run.initial_eval = initial
-    bar = tqdm(total=run.total_steps, initial=run.step, unit="step", disable=not progress_bar)
+    bar = tqdm(
+        total=run.total_steps, initial=run.step, unit="step", disable=not progress_bar or not writer
+    )
     while run.step < run.total_steps:
         metrics = train_step(run)
         bar.update(1)
         bar.set_postfix(loss=f"{metrics['loss']:.3f}", tau=f"{metrics['accept']:.2f}")
-        if run.step % config.eval_every == 0 and run.step < run.total_steps:
+        if run.step % config.eval_every == 0 and run.step < run.total_steps and writer:
             held = evaluate(run)
             if held:
                 bar.write(f"step {run.step}: held-out tau {held['accept']:.3f}")
-        if run.step % config.save_every == 0 or run.step == run.total_steps:
+        if (run.step % config.save_every == 0 or run.step == run.total_steps) and writer:
             save_state(run)
     bar.close()
-    return finish_run(run, initial, evaluate(run))
+    if writer:
+        summary = finish_run(run, initial, evaluate(run))
+    else:  # what rank 0 reports, less the metrics only it measures
+        summary = {"initial": None, "final": None, "steps": run.step, "tokens": run.tokens,
+                   "drafter": str(artefact_dir(run))}  # fmt: skip
+    finish(run.ranks)
+    return summary
 
 
 def setup(config, target, samples, head_setup: HeadSetup | None) -> Run:
     """Load the target, corpus and drafter, build the optimizer and resume from `<out>/ckpt/`."""
     if config.threads > 0:
         torch.set_num_threads(config.threads)
+    ranks = init_ranks(config.device)
     from_corpus = samples is None
     if target is None:
-        target = load_target(config.target, config.target_dtype, config.device or None)
+        device = rank_device(config.device, ranks)
+        target = load_target(config.target, config.target_dtype, device or None)
     if samples is None:
         samples = load_corpus(config.corpus, config.max_records or None, config.max_seq_len)
     drafter = _initial_drafter(config, target)
@@ -101,7 +114,7 @@ def setup(config, target, samples, head_setup: HeadSetup | None) -> Run:
         optimizer, lambda step: warmup_cosine(step, warmup, total_steps)
     )
     features = open_features(
-        config, target, drafter.config.target_layer_ids, samples if from_corpus else None
+        config, target, drafter.config.target_layer_ids, samples if from_corpus else None, ranks
     )
     rule = AnchorRule(config.anchors_per_seq, config.anchor_stride, config.seed)
     run = Run(
@@ -117,13 +130,14 @@ def setup(config, target, samples, head_setup: HeadSetup | None) -> Run:
         trained=trained,
         optimizer=optimizer,
         scheduler=scheduler,
-        run_dir=RunDir(config.out),
+        run_dir=RunDir(config.out, writer=ranks.writer),
         weights=slot_weights(drafter.config.block_size, config.gamma)[1:].to(target.device),
         loss_vocab=LossVocab.most_frequent(drafter, train_set, config.loss_vocab),
         full_vocab=LossVocab(drafter, None),
         anchor_rule=rule,
         total_steps=total_steps,
         started=time.time(),
+        ranks=ranks,
     )
     _resume(run)
     _log_start(run, len(heldout))
@@ -152,7 +166,7 @@ def _log_start(run: Run, heldout: int) -> None:
             "features": type(run.features).__name__,
         }
     )
-    baseline = bigram_baseline(run) if run.step == 0 else None
+    baseline = bigram_baseline(run) if run.step == 0 and run.ranks.writer else None
     if baseline:
         run.run_dir.log({"event": "baseline", "kind": "count bigram", "step": 0, **baseline})
 
@@ -161,18 +175,27 @@ def train_step(run: Run) -> dict:
     """One optimizer step on the batch of `run.step`; logs and returns its metrics."""
     tick = time.perf_counter()
     config = run.config
-    generator = torch.Generator().manual_seed(config.seed * 1_000_003 + run.step)
     epoch, batch = _batch_at(run.train_set, run.step, config.batch_size, config.seed)
+    # Each record's anchors from its own place in the batch, so a rank draws for its share
+    # exactly what one process draws for the whole batch.
+    seed = config.seed * 1_000_003 + run.step
     items = [
         prepare_item(
-            s, run.features, run.anchor_rule, run.block_size, generator, epoch, run.target.device
+            batch[i],
+            run.features,
+            run.anchor_rule,
+            run.block_size,
+            torch.Generator().manual_seed(seed + ITEM_SEED_STRIDE * i),
+            epoch,
+            run.target.device,
         )
-        for s in batch
+        for i in run.ranks.share(list(range(len(batch))))
     ]
     run.drafter.train(run.train_drafter)
     if run.head is not None:
         run.head.train()
     metrics = step_losses(run, items, run.loss_vocab, backward=True)
+    sum_gradients(run.trained, run.ranks)
     grad_norm = torch.nn.utils.clip_grad_norm_(run.trained, config.grad_clip)
     run.optimizer.step()
     run.scheduler.step()

@@ -24,19 +24,25 @@ CKPT_FILE = Path("ckpt") / "state.pt"
 class RunDir:
     """`<out>/train_log.jsonl` (appended, so a resumed run keeps its history) and `<out>/ckpt/`."""
 
-    def __init__(self, out: str | Path):
+    def __init__(self, out: str | Path, writer: bool = True):
+        """`writer=False` (a data-parallel rank other than 0) reads checkpoints, writes nothing."""
         self.path = Path(out)
         self.path.mkdir(parents=True, exist_ok=True)
-        self._log = (self.path / LOG_FILE).open("a")
+        self._log = (self.path / LOG_FILE).open("a") if writer else None
 
     def log(self, record: dict) -> None:
+        if self._log is None:
+            return
         self._log.write(json.dumps({"time": time.time(), **record}) + "\n")
         self._log.flush()  # a killed run keeps every line up to its last step
 
     def close(self) -> None:
-        self._log.close()
+        if self._log is not None:
+            self._log.close()
 
     def save_checkpoint(self, state: dict) -> None:
+        if self._log is None:
+            return
         path = self.path / CKPT_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
         staging = path.with_suffix(".partial")

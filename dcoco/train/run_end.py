@@ -42,11 +42,15 @@ def write_provenance(run, artefact: Path, initial: dict | None, final: dict | No
     (artefact / "provenance.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
+def artefact_dir(run) -> Path:
+    """`<out>/drafter/`, or `<out>/<head kind>/` for a run with a head."""
+    return Path(run.config.out) / ("drafter" if run.head is None else run.head.kind)
+
+
 def finish_run(run, initial: dict | None, final: dict | None) -> dict:
     """Save `<out>/drafter/` (or `<out>/<head kind>/`) with its provenance; returns the summary
     `train()` hands back."""
-    name = "drafter" if run.head is None else run.head.kind
-    artefact = save_artefact(run, Path(run.config.out) / name, final)
+    artefact = save_artefact(run, artefact_dir(run), final)
     write_provenance(run, artefact, initial, final)
     run.run_dir.log({"event": "done", "step": run.step})
     run.run_dir.close()

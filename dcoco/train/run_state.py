@@ -10,6 +10,7 @@ import torch
 from dcoco.data.distill import Sample
 from dcoco.models.drafter import BlockDrafter
 from dcoco.train.block_pass import AnchorRule, LossVocab
+from dcoco.train.distributed import Ranks
 from dcoco.train.run_dir import RunDir
 
 
@@ -51,6 +52,7 @@ class Run:
     started: float = 0.0
     initial_eval: dict | None = None  # held-out metrics before the first step
     last_eval: dict | None = None  # the latest held-out metrics, stored with snapshots
+    ranks: Ranks = Ranks()  # this process's place in a data-parallel run (dcoco.train.distributed)
 
     @property
     def block_size(self) -> int:

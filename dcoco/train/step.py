@@ -13,6 +13,7 @@ import torch
 from dcoco.data.bigram import CountBigram
 from dcoco.train.block_pass import IGNORE, LossVocab, block_chunks, chunk_losses
 from dcoco.train.blocks import acceptance_stats
+from dcoco.train.distributed import SINGLE, Ranks, all_cat, all_sum
 from dcoco.train.run_state import Run
 
 
@@ -55,10 +56,13 @@ def step_losses(run: Run, items, vocab: LossVocab, backward: bool) -> dict:
     """Losses and acceptance over `items`; with `backward`, their gradients accumulated (under
     the context-window curriculum; evaluation sees the whole context, as inference does)."""
     window = context_window(run.config, run.step) if backward else 0
+    # Training in a data-parallel run: `items` are this rank's share of the batch; the loss is
+    # normalised by the whole batch's weight and the metrics cover the whole batch. (Held-out
+    # evaluation runs on rank 0 alone.)
+    ranks = run.ranks if backward else SINGLE
     labelled = [vocab.label_index(_labels(item, run.block_size)) != IGNORE for item in items]
-    weight_total = max(
-        sum(float((m.float() @ run.weights).sum()) for m in labelled), 1e-9
-    )  # labels outside a loss vocab carry no weight
+    local_weight = sum(float((m.float() @ run.weights).sum()) for m in labelled)
+    weight_total = max(all_sum([local_weight], ranks)[0], 1e-9)  # labels outside carry none
     totals = {"drafter": 0.0, "head": 0.0}
     drafter_correct, head_correct = [], []
     progress = run.step / run.total_steps
@@ -83,7 +87,20 @@ def step_losses(run: Run, items, vocab: LossVocab, backward: bool) -> dict:
                 (loss / weight_total).backward()
             totals["drafter"] += out.drafter_loss.item()
             drafter_correct.append(out.drafter_correct)
-    return _metrics(totals, weight_total, drafter_correct, head_correct, items)
+    totals["drafter"], totals["head"] = all_sum([totals["drafter"], totals["head"]], ranks)
+    blocks = int(all_sum([sum(item.anchors.numel() for item in items)], ranks)[0])
+    drafter_correct = _gathered(drafter_correct, ranks)
+    head_correct = _gathered(head_correct, ranks)
+    return _metrics(totals, weight_total, drafter_correct, head_correct, blocks)
+
+
+def _gathered(corrects: list[torch.Tensor], ranks: Ranks) -> list[torch.Tensor]:
+    """[blocks, slots] correctness of every rank's blocks (this rank's alone with one)."""
+    if ranks.world == 1:
+        return corrects
+    local = torch.cat(corrects) if corrects else torch.zeros(0, dtype=torch.bool)
+    gathered = all_cat(local, ranks)
+    return [gathered] if gathered.numel() else []
 
 
 def _labels(item, block_size: int) -> torch.Tensor:
@@ -92,7 +109,7 @@ def _labels(item, block_size: int) -> torch.Tensor:
     return item.ids[item.anchors[:, None] + offsets]
 
 
-def _metrics(totals, weight_total, drafter_correct, head_correct, items) -> dict:
+def _metrics(totals, weight_total, drafter_correct, head_correct, blocks: int) -> dict:
     if not drafter_correct:  # every reply of the batch too short for its strided anchors
         return {"loss": 0.0, "accept": 1.0, "slot_acc": [], "blocks": 0}
     correct = torch.cat(drafter_correct)  # [blocks, slots]
@@ -102,7 +119,7 @@ def _metrics(totals, weight_total, drafter_correct, head_correct, items) -> dict
         "accept": accepted.mean().item(),
         "tau_3": acceptance_stats(correct[:, :3])[1].mean().item(),
         "slot_acc": [round(a, 4) for a in slot_acc.tolist()],
-        "blocks": sum(item.anchors.numel() for item in items),
+        "blocks": blocks,
     }
     if head_correct:
         head_all = torch.cat(head_correct)
