@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import CharTokenizer, make_tiny_target
 
-from dcoco.data.datagen import DatagenConfig, generate_corpus, read_prompts
+import dcoco.serving.serve as serve
+from dcoco.data.datagen import DatagenConfig, _vllm_python, generate_corpus, read_prompts, run
 from dcoco.data.distill import load_corpus
 from dcoco.decode.reference import reference_greedy
+from dcoco.errors import DcocoError
 
 
 def test_datagen_matches_greedy_and_resumes(tmp_path):
@@ -31,3 +34,15 @@ def test_datagen_matches_greedy_and_resumes(tmp_path):
     for sample in samples:  # left-padded batches reproduce batch-1 greedy decoding (fp32)
         expected = reference_greedy(target, list(sample.prompt_ids), 12)
         assert list(sample.response_ids) == expected
+
+
+def test_engine_choice_is_checked_and_auto_falls_back_to_hf(monkeypatch):
+    def no_vllm(explicit=""):
+        raise DcocoError("vLLM is not installed: run `make venv-vllm`")
+
+    monkeypatch.setattr(serve, "find_vllm_python", no_vllm)
+    assert _vllm_python("auto") is None and _vllm_python("hf") is None
+    with pytest.raises(DcocoError, match="not installed"):
+        _vllm_python("vllm")
+    with pytest.raises(DcocoError, match="--engine must be"):
+        run(DatagenConfig(prompts="unused.jsonl", engine="sglang"))

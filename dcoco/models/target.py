@@ -132,15 +132,7 @@ class TargetModel:
         """Token ids of a prompt: with the chat template (and generation prompt) by default."""
         if self.tokenizer is None:
             raise DcocoError("this target has no tokenizer; pass token ids instead of text")
-        if isinstance(messages, str):
-            messages = [{"role": "user", "content": messages}]
-        if chat and getattr(self.tokenizer, "chat_template", None):
-            text = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=False
-            )
-            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        text = "\n".join(m["content"] for m in messages)
-        return self.tokenizer(text)["input_ids"]
+        return encode_chat(self.tokenizer, messages, chat)
 
     def decode(self, ids: list[int]) -> str:
         if self.tokenizer is None:
@@ -168,6 +160,17 @@ class TargetModel:
 
     def info_dims(self) -> tuple[int, int, int]:
         return (self.embed_tokens.weight.shape[0], self.config.hidden_size, len(self.layers))
+
+
+def encode_chat(tokenizer, messages: list[dict[str, str]] | str, chat: bool = True) -> list[int]:
+    """Token ids of a prompt with `tokenizer`: its chat template (and generation prompt) when it
+    has one and `chat`, else the messages' text joined by newlines."""
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    if chat and getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer("\n".join(m["content"] for m in messages))["input_ids"]
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
