@@ -28,6 +28,7 @@ COMMANDS = (
     "dcoco.train.recipe",
     "dcoco.data.datagen",
     "dcoco.serving.serve",
+    "dcoco.serving.export",
     "dcoco.eval.serving_bench",
     "dcoco.eval.soak",
     "dcoco.eval.train_curves",

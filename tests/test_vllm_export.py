@@ -1,0 +1,98 @@
+"""`dcoco export` against stock vLLM's DFlash drafter: vLLM loads the exported shipped drafter
+(`dflash`, its copy gate left out) through its own `qwen3_dflash` loader with the very tensors we
+wrote, and greedy fp32 output with it as the drafter equals plain vLLM's.
+
+Needs vLLM: run in the vLLM venv (`make test-vllm`); skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_vllm import ENV, KV_CACHE_BYTES, MAX_TOKENS, PROMPTS, TARGET
+
+from dcoco.serving.export import ExportConfig, export
+
+
+def _drafter_parameters(worker) -> dict:
+    """vLLM's drafter, as loaded: each parameter still held as such, and for each linear layer
+    (vLLM-CPU repacks their weights) its output on a fixed input."""
+    model = worker.model_runner.drafter.model
+    found = {name: p.detach().cpu().clone() for name, p in model.named_parameters() if p.numel()}
+    generator = torch.Generator().manual_seed(0)
+    for name, module in model.named_modules():
+        if type(module).__name__.endswith("Linear") and hasattr(module, "input_size"):
+            x = torch.randn(3, module.input_size, generator=generator)
+            out = module(x)
+            found[f"{name}.weight@x"] = (x, (out[0] if isinstance(out, tuple) else out).detach())
+    return found
+
+
+def _generate(target_dir: str, prompts, speculative: dict | None, parameters: bool = False):
+    from vllm import LLM, SamplingParams
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    llm = LLM(model=target_dir, dtype="float32", max_model_len=512, enforce_eager=True,
+              kv_cache_memory_bytes=KV_CACHE_BYTES, speculative_config=speculative,
+              max_num_seqs=4, seed=0)  # fmt: skip
+    try:
+        greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)
+        ids = [list(o.outputs[0].token_ids) for o in outputs]
+        loaded = llm.collective_rpc(_drafter_parameters)[0] if parameters else None
+    finally:
+        del llm
+        gc.collect()
+        cleanup_dist_env_and_memory()
+    return ids, loaded
+
+
+def _expected(name: str, ours: dict) -> torch.Tensor | None:
+    """Our tensor(s) behind vLLM parameter `name` (q/k/v and gate/up are stacked there)."""
+    base = name.removeprefix("model.")
+    for fused, parts in ((".qkv_proj.", ("q_proj", "k_proj", "v_proj")),
+                         (".gate_up_proj.", ("gate_proj", "up_proj"))):  # fmt: skip
+        if fused in base:
+            return torch.cat([ours[base.replace(fused, f".{part}.")] for part in parts])
+    return ours.get(base)
+
+
+@pytest.mark.vllm
+def test_stock_vllm_loads_the_export_and_decodes_like_plain(tmp_path):
+    pytest.importorskip("vllm")
+    from dcoco.models.loading import load_target, resolve_target
+
+    out, dropped = export(ExportConfig(drafter="dflash", out=str(tmp_path / "x"), dtype="fp32"))
+    assert "copy_gate" in dropped
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in ENV.items():
+            patch.setenv(key, value)
+        torch.set_num_threads(1)
+        target = load_target(TARGET, dtype="fp32", device="cpu")
+        prompts = [target.encode_chat(text) for text in PROMPTS]
+        target_dir = str(resolve_target(TARGET))
+        plain, _ = _generate(target_dir, prompts, None)
+        speculative = {"method": "dflash", "model": str(out), "num_speculative_tokens": 7}
+        drafted, loaded = _generate(target_dir, prompts, speculative, parameters=True)
+    assert drafted == plain
+    ours = load_file(str(out / "model.safetensors"))
+    compared = set()
+    for name, value in loaded.items():
+        expected = _expected(name.removesuffix("@x"), ours)
+        if expected is None:
+            continue
+        if isinstance(value, tuple):  # a linear layer: its output on x
+            x, output = value
+            assert torch.allclose(output, x @ expected.T, rtol=1e-4, atol=1e-4), name
+        else:
+            assert torch.equal(value, expected), name
+        compared.add(name.removesuffix("@x"))
+    fused = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+    unfused = {n for n in ours if not any(f".{f}." in n for f in fused)}
+    assert unfused <= {n.removeprefix("model.") for n in compared}  # every tensor checked
+    assert sum(".qkv_proj." in n or ".gate_up_proj." in n for n in compared) == 2 * len(
+        {n.split(".self_attn")[0] for n in ours if ".q_proj." in n}
+    )
