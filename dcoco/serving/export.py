@@ -15,6 +15,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -51,7 +52,7 @@ def export(config: ExportConfig) -> tuple[Path, list[str]]:
     """Write the export; returns (its directory, what was dropped)."""
     if config.dtype not in DTYPES:
         raise DcocoError(f"--dtype must be one of {', '.join(DTYPES)}, got '{config.dtype}'")
-    named = _Named(Path(config.target).name)
+    named = SimpleNamespace(name=Path(config.target).name)  # all checkpoint_dir reads
     source = checkpoint_dir(MethodSpec("dflash", None, config.drafter), named, MethodOptions())
     if not (source / CONFIG_FILE).is_file() or not (source / WEIGHTS_FILE).is_file():
         raise DcocoError(f"no drafter checkpoint at {source} (config.json + model.safetensors)")
@@ -83,13 +84,6 @@ def export(config: ExportConfig) -> tuple[Path, list[str]]:
 
 def _stock_cannot_run(name: str) -> bool:
     return name.startswith((HEAD_PREFIX, COPY_GATE_PREFIX))
-
-
-class _Named:
-    """What checkpoint_dir reads of a target: its name."""
-
-    def __init__(self, name: str):
-        self.name = name
 
 
 def serve_command(config: ExportConfig, out: Path, slots: int) -> str:
