@@ -130,7 +130,7 @@ def test_a_corrector_trained_from_the_cache_corrects_its_frozen_drafter(
     monkeypatch.setenv("DCOCO_CACHE_DIR", str(tmp_path / "cache"))
     path, corpus = trained_drafter
     config = cached_config(
-        tmp_path / "dcoco", path, corpus, max_steps=60, save_every=60, anchor=False
+        tmp_path / "dcoco", path, corpus, max_steps=120, save_every=120, anchor=False
     )
     result = train_head(config, target=tiny_llama_target, progress_bar=False)
     final = result["final"]
