@@ -33,6 +33,7 @@ from dcoco.config import Command
 from dcoco.data.jsonl import iter_jsonl
 from dcoco.errors import DcocoError
 from dcoco.models.loading import DEFAULT_TARGET, load_target, resolve_target
+from dcoco.models.precision import HF_DTYPE_NAMES
 from dcoco.models.target import TargetModel, encode_chat
 from dcoco.paths import portable
 
@@ -122,7 +123,8 @@ def generate_with_vllm(python: str, prompts: list[dict], config: DatagenConfig) 
         return {"engine": "vllm", "version": None, "records": 0, "new_tokens": 0}
     longest = max(len(r["prompt_ids"]) for r in records) + config.max_new_tokens
     request = {
-        "model": str(model), "dtype": config.dtype, "records": records, "chunk": config.chunk,
+        "model": str(model), "dtype": HF_DTYPE_NAMES.get(config.dtype, config.dtype),
+        "records": records, "chunk": config.chunk,
         "tensor_parallel_size": config.tensor_parallel_size, "max_model_len": longest,
         "max_new_tokens": config.max_new_tokens, "part": str(_next_part(out)),
         "enforce_eager": not config.device.startswith("cuda"),  # CPU: no graphs to capture

@@ -17,8 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-
 
 def answer(request: dict) -> dict:
     """Generate every record of `request`, appending to its part file; returns the summary."""
@@ -33,7 +31,7 @@ def answer(request: dict) -> dict:
     )
     llm = LLM(
         model=request["model"],
-        dtype=VLLM_DTYPES.get(request["dtype"], request["dtype"]),
+        dtype=request["dtype"],  # vLLM's spelling (float32, bfloat16, ...)
         tensor_parallel_size=request["tensor_parallel_size"],
         max_model_len=request["max_model_len"],
         seed=0,

@@ -23,6 +23,8 @@ from torch import Tensor, nn
 from dcoco.errors import DcocoError
 
 LOAD_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+# the same dtypes as Hugging Face configs and vLLM's --dtype spell them
+HF_DTYPE_NAMES = {name: str(dtype).removeprefix("torch.") for name, dtype in LOAD_DTYPES.items()}
 PRECISIONS = (*LOAD_DTYPES, "int8", "gguf")  # gguf: dcoco.models.gguf_weights
 ATTENTIONS = ("auto", "eager", "sdpa", "rowwise")  # rowwise: dcoco.models.rowwise_attention
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-import torch
 from safetensors.torch import load_file, save_file
 
 from dcoco.config import Command
@@ -33,11 +32,10 @@ from dcoco.models.drafter_io import (
 )
 from dcoco.models.head_io import HEAD_KEY, SELECTION_KEY
 from dcoco.models.loading import DEFAULT_TARGET, resolve_target
+from dcoco.models.precision import HF_DTYPE_NAMES, LOAD_DTYPES
 from dcoco.paths import portable
 
 COPY_GATE_PREFIX = "copy_gate."
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
-HF_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
 
 
 @dataclass
@@ -50,8 +48,8 @@ class ExportConfig:
 
 def export(config: ExportConfig) -> tuple[Path, list[str]]:
     """Write the export; returns (its directory, what was dropped)."""
-    if config.dtype not in DTYPES:
-        raise DcocoError(f"--dtype must be one of {', '.join(DTYPES)}, got '{config.dtype}'")
+    if config.dtype not in LOAD_DTYPES:
+        raise DcocoError(f"--dtype must be one of {', '.join(LOAD_DTYPES)}, got '{config.dtype}'")
     named = SimpleNamespace(name=Path(config.target).name)  # all checkpoint_dir reads
     source = checkpoint_dir(MethodSpec("dflash", None, config.drafter), named, MethodOptions())
     if not (source / CONFIG_FILE).is_file() or not (source / WEIGHTS_FILE).is_file():
@@ -63,7 +61,7 @@ def export(config: ExportConfig) -> tuple[Path, list[str]]:
     if (hf.get("dcoco") or {}).get("copy_hints"):
         dropped.append("copy hints (stock vLLM feeds MASK)")
     kept = {
-        name: tensor.to(DTYPES[config.dtype]).contiguous()
+        name: tensor.to(LOAD_DTYPES[config.dtype]).contiguous()
         for name, tensor in weights.items()
         if not _stock_cannot_run(name)
     }
@@ -74,7 +72,9 @@ def export(config: ExportConfig) -> tuple[Path, list[str]]:
         "dropped": dropped,
     }
     exported = {k: v for k, v in hf.items() if k not in (HEAD_KEY, SELECTION_KEY)}
-    exported.update(architectures=[ARCHITECTURE], dcoco=dcoco, torch_dtype=HF_DTYPES[config.dtype])
+    exported.update(
+        architectures=[ARCHITECTURE], dcoco=dcoco, torch_dtype=HF_DTYPE_NAMES[config.dtype]
+    )
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     save_file(kept, str(out / WEIGHTS_FILE))

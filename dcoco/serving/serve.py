@@ -31,10 +31,10 @@ from dcoco import paths
 from dcoco.config import Command
 from dcoco.errors import DcocoError
 from dcoco.models.loading import DEFAULT_TARGET, EMBEDDED_TARGETS
+from dcoco.models.precision import HF_DTYPE_NAMES
 from dcoco.serving.layout import AUTO_DTYPES, LAYOUTS, check_layout, choose_setup, layout_env
 
 METHODS = ("plain", "dflash", "dcoco", "dspark", "domino")
-VLLM_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
 API_SERVER = "vllm.entrypoints.openai.api_server"
 GUARD = "dcoco.serving.request_guard.RequestGuard"  # vLLM's --middleware imports it in its process
 
@@ -155,7 +155,7 @@ def build_command(config: ServeConfig) -> tuple[str, list[str]]:
         "--served-model-name", name,
         "--host", config.host,
         "--port", str(config.port),
-        "--dtype", VLLM_DTYPES.get(_fixed_dtype(config.dtype), config.dtype),
+        "--dtype", HF_DTYPE_NAMES.get(_fixed_dtype(config.dtype), config.dtype),
         "--max-model-len", str(config.max_model_len),
         "--kv-cache-memory-bytes", str(int(config.kv_cache_gib * (1 << 30))),
         "--seed", str(config.seed),

@@ -41,12 +41,16 @@ class Ranks:
 SINGLE = Ranks()  # one process, no process group
 
 
+def under_torchrun() -> bool:
+    """Whether this process is one of several that torchrun launched."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
 def init_ranks(device: str = "") -> Ranks:
     """Join torchrun's process group (once) when WORLD_SIZE > 1; on CUDA, pick LOCAL_RANK's
-    device. Ranks() when not launched by torchrun."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return Ranks()
+    device. SINGLE when not launched by torchrun."""
+    if not under_torchrun():
+        return SINGLE
     cuda = device.startswith("cuda") or (not device and torch.cuda.is_available())
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

@@ -16,7 +16,6 @@ run trains both on; its settings must match the flags.
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from dcoco.models.head_io import continue_head
 from dcoco.models.head_registry import build_head, head_classes, head_kinds
 from dcoco.train.cached_head_train import train_from_cache
 from dcoco.train.corrector_cache import drafter_path
+from dcoco.train.distributed import under_torchrun
 from dcoco.train.drafter_train import HELPS, DrafterTrainConfig, with_target_defaults
 from dcoco.train.loop import run_training
 from dcoco.train.run_state import HeadSetup
@@ -173,7 +173,7 @@ def train(
         return head
 
     if config.corrector_cache:
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        if under_torchrun():
             raise DcocoError(
                 "--corrector-cache trains in one process (its cache is the costly part and is "
                 "built once); run it without torchrun"
