@@ -308,3 +308,28 @@ def test_serve_takes_method_specs_with_a_selection_and_a_checkpoint(
         build_command(ServeConfig(method="dflash:global", target=str(target)))
     with pytest.raises(DcocoError, match="holds a dcoco head: serve it with --method dcoco"):
         build_command(ServeConfig(method=f"dflash@{drafter}", target=str(target)))
+
+
+def test_compare_tables_give_ratios_to_plain_and_dcocos_margins():
+    from dcoco.eval.serving_bench_report import margin_table, ratio_table
+
+    def run(label: str, rates: dict[int, float]) -> dict:
+        levels = [
+            {"temperature": 0.0, "concurrency": c, "output_tok_s": r} for c, r in rates.items()
+        ]
+        return {"label": label, "levels": levels}
+
+    results = [
+        run("plain", {1: 50.0, 8: 200.0}),
+        run("dflash@dflash", {1: 80.0, 8: 190.0}),
+        run("dcoco@dcoco-joint-12k", {1: 100.0, 8: 200.0}),
+        run("dspark@dspark-dropin", {1: 90.0, 8: 100.0}),
+        run("domino@domino-dropin", {1: 40.0, 8: 160.0}),
+    ]
+    ratios = ratio_table(results)
+    assert "| dcoco | 0 | 2.00× | 1.00× |" in ratios
+    assert "| dflash | 0 | 1.60× | 0.95× |" in ratios
+    margins = margin_table(results)
+    assert "| dflash | 0 | 1.25× | 1.05× |" in margins
+    # the best sequential head per level: dspark at 1 stream (90), domino at 8 (160)
+    assert "| best sequential head | 0 | 1.11× | 1.25× |" in margins

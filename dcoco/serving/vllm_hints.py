@@ -65,7 +65,7 @@ def install() -> None:
 
     def set_inputs_first_pass(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
-        if self.dcoco_copy_hints:
+        if self.dcoco_copy_hints and self.num_speculative_tokens > 0:  # K = 0: no mask slots
             inputs = parameters.bind(self, *args, **kwargs).arguments  # by name, however passed
             rejected = inputs.get("num_rejected_tokens_gpu")
             histories = committed_tokens(

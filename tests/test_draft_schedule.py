@@ -1,0 +1,151 @@
+"""Load-aware drafting (dcoco.serving.draft_schedule): the schedule syntax, the choice from a
+measured grid, and what `dcoco serve` hands vLLM."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from dcoco.errors import DcocoError
+from dcoco.serving import draft_schedule
+from dcoco.serving.draft_schedule import OPEN_END, choose, format_schedule, parse
+
+
+def test_parse_and_format_round_trip():
+    text = "1:7,2-3:5,4-7:3,8-:0"
+    schedule = parse(text, max_k=7)
+    assert schedule == [(1, 1, 7), (2, 3, 5), (4, 7, 3), (8, OPEN_END, 0)]
+    assert format_schedule(schedule) == text
+    assert parse("1-:4", max_k=7) == [(1, OPEN_END, 4)]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("2-:3", "start at batch size 1"),
+        ("1:7,1-4:3", "overlap"),
+        ("1:9", "K in 0..7"),
+        ("1:x", "SIZE:K"),
+        ("1-3", "SIZE:K"),
+        ("0:3", "sizes must be >= 1"),
+        ("4-2:1", "ascending"),
+    ],
+)
+def test_parse_rejects_bad_schedules_with_one_line(text, message):
+    with pytest.raises(DcocoError, match=message):
+        parse(text, max_k=7)
+
+
+def test_choose_takes_the_shortest_near_best_k_and_the_smaller_k_between_sizes():
+    rates = {
+        1: {0: 35.0, 3: 68.0, 7: 85.0},
+        2: {0: 68.0, 3: 71.5, 7: 61.0},  # 3 wins
+        4: {0: 126.0, 3: 108.0, 7: 90.0},  # 0 wins
+        8: {0: 235.0, 3: 167.0, 7: 131.0},
+    }
+    assert choose(rates) == [(1, 1, 7), (2, 2, 3), (3, OPEN_END, 0)]
+    # within TOLERANCE of the fastest, the shorter draft is taken
+    assert choose({1: {0: 50.0, 3: 99.0, 7: 100.0}}) == [(1, OPEN_END, 3)]
+    with pytest.raises(DcocoError, match="include 1"):
+        choose({2: {0: 1.0}})
+
+
+def test_between_measured_sizes_the_smaller_k_holds():
+    rates = {1: {0: 1.0, 5: 2.0}, 4: {0: 1.0, 2: 2.0}, 16: {0: 2.0, 2: 1.0}}
+    assert choose(rates) == [(1, 1, 5), (2, 4, 2), (5, OPEN_END, 0)]
+
+
+def _argv(capsys, *flags) -> list[str]:
+    from dcoco.cli import main
+
+    assert main(["serve", "--dry-run", "--layout", "all-cores", *flags]) == 0
+    return shlex.split(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_serve_hands_vllm_a_written_out_schedule(capsys):
+    argv = _argv(capsys, "--method", "dflash", "--draft-schedule", "1:7,2-3:3,4-:0")
+    speculative = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert speculative["num_speculative_tokens"] == 7
+    assert speculative["num_speculative_tokens_per_batch_size"] == [
+        [1, 1, 7],
+        [2, 3, 3],
+        [4, OPEN_END, 0],
+    ]
+    fixed = _argv(capsys, "--method", "dflash", "--draft-schedule", "fixed")
+    assert (
+        "num_speculative_tokens_per_batch_size"
+        not in fixed[fixed.index("--speculative-config") + 1]
+    )
+
+
+def test_serve_ngram_is_vllms_prompt_lookup(capsys):
+    argv = _argv(capsys, "--method", "ngram", "--draft-schedule", "1:7,2-:0")
+    speculative = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert speculative["method"] == "ngram" and speculative["num_speculative_tokens"] == 7
+
+
+def test_serve_refuses_a_bad_schedule_with_one_line(capsys):
+    from dcoco.cli import main
+
+    code = main(["serve", "--dry-run", "--method", "dflash", "--draft-schedule", "1:99"])
+    assert code != 0
+    assert "K in 0..7" in capsys.readouterr().err
+
+
+def test_measured_schedule_is_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("DCOCO_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def fake_probe(python, request, threads):
+        calls.append(request)
+        greedy = {"0": {"1": 30.0, "2": 60.0, "4": 100.0}, "3": {"1": 60.0, "2": 55.0, "4": 50.0}}
+        sampled = {"0": {"1": 30.0, "2": 60.0}, "1": {"1": 40.0, "2": 50.0}}
+        return {"vllm": "0.32.0", "rates": {"0": greedy, "1": sampled}}
+
+    monkeypatch.setattr(draft_schedule, "_run_probe", fake_probe)
+    probe = {"speculative": {"method": "dflash", "num_speculative_tokens": 3}}
+    first, record = draft_schedule.measured("python", probe, {"machine": "m"}, threads=2)
+    again, _ = draft_schedule.measured("python", probe, {"machine": "m"}, threads=2)
+    assert first == again == "1:3,2-:0/1:1,2-:0"
+    assert len(calls) == 1
+    other = {**probe, "model": "another drafter"}  # another method is measured on its own
+    draft_schedule.measured("python", {**other}, {"machine": "m", "probe": other}, threads=2)
+    assert len(calls) == 2
+    assert calls[0]["draft_lengths"] == {"0": [0, 1, 2, 3], "1": [0, 1, 3]}
+    assert record["tokens_per_s"]["0"]["3"]["1"] == 60.0
+
+
+def test_sampled_schedule_never_drafts_more_than_the_greedy_one():
+    from dcoco.serving.draft_schedule import at_most, parse_pair
+
+    greedy, sampled = parse_pair("1:7,2:2,3-:0/1:3,2-:2", max_k=7)
+    assert at_most(sampled, greedy) == [(1, 1, 3), (2, 2, 2), (3, OPEN_END, 0)]
+    assert parse_pair("1-:4", max_k=7) == ([(1, OPEN_END, 4)], None)
+
+
+def test_sampled_requests_drafts_are_trimmed_by_their_schedule(monkeypatch):
+    from dcoco.serving import vllm_sampled_drafts as sampled_drafts
+
+    monkeypatch.setenv(sampled_drafts.SCHEDULE_ENV, "1:2,2-:0")
+    sampled_drafts._schedule.cache_clear()
+    try:
+        drafts = [[5, 6, 7], [8, 9, 10]]
+        assert sampled_drafts.trim_sampled(drafts, ["a", "b"], {"b"}) == [[5, 6, 7], []]
+        assert sampled_drafts.trim_sampled([[5, 6, 7]], ["b"], {"b"}) == [[5, 6]]
+        assert sampled_drafts.trim_sampled(drafts, ["a", "b"], set()) == drafts
+        monkeypatch.delenv(sampled_drafts.SCHEDULE_ENV)
+        sampled_drafts._schedule.cache_clear()
+        assert sampled_drafts.sampled_drafts(4) is None
+    finally:
+        sampled_drafts._schedule.cache_clear()
+
+
+def test_serve_passes_the_sampled_schedule_to_the_server_processes():
+    from dcoco.serving.serve import ServeConfig, sampled_schedule_env
+    from dcoco.serving.vllm_sampled_drafts import SCHEDULE_ENV
+
+    config = ServeConfig(method="dflash", draft_schedule="1:7,2-:0/1-:0")
+    assert sampled_schedule_env(config) == {SCHEDULE_ENV: "1-:0"}
+    assert sampled_schedule_env(ServeConfig(draft_schedule="1:7,2-:0")) == {}

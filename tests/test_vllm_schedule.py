@@ -1,0 +1,117 @@
+"""Load-aware drafting inside vLLM: a batch-size schedule that drops to K = 0 drafts keeps greedy
+fp32 output equal to plain vLLM's, and the K = 0 steps take our shortcuts (the drafter's context
+only, plain sampling; dcoco.serving.vllm_no_draft).
+
+Run in the vLLM venv (`make test-vllm`). Both engines run in this process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0), eager, fp32, one OpenMP thread, all prompts in one batch, so
+the batch shrinks as replies end and the schedule's K changes within the run.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from dcoco.paths import checkpoints_dir
+
+TARGET = "smollm2-135m-instruct"
+CHECKPOINT = "dcoco-joint-12k"  # the shipped dcoco: drafter with copy hints, corrector head
+PROMPTS = [
+    "Write a Python function that checks whether a number is prime.",
+    "What is 12 times 14?",
+    "Name three planets.",
+    "Explain in two sentences what a compiler does.",
+]
+MAX_TOKENS = (48, 12, 24, 36)  # different lengths: the batch shrinks 4 -> 3 -> 2 -> 1
+SCHEDULE = [[1, 1, 7], [2, 2, 3], [3, 1 << 16, 0]]
+ENV = {
+    "OMP_NUM_THREADS": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+}
+
+
+def _generate(
+    speculative: dict | None, temperatures: tuple[float, ...] = (0.0,) * len(PROMPTS)
+) -> list[list[int]]:
+    from vllm import LLM, SamplingParams
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    from dcoco.models.loading import resolve_target
+
+    llm = LLM(
+        model=str(resolve_target(TARGET)),
+        dtype="float32",
+        max_model_len=512,
+        enforce_eager=True,
+        kv_cache_memory_bytes=128 << 20,
+        speculative_config=speculative,
+        max_num_seqs=8,
+        seed=0,
+    )
+    try:
+        messages = [[{"role": "user", "content": p}] for p in PROMPTS]
+        params = [
+            SamplingParams(temperature=t, max_tokens=n, ignore_eos=True, seed=i)
+            for i, (t, n) in enumerate(zip(temperatures, MAX_TOKENS, strict=True))
+        ]
+        outputs = llm.chat(messages, params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outputs]
+    finally:
+        del llm
+        gc.collect()
+        cleanup_dist_env_and_memory()
+
+
+@pytest.mark.vllm
+def test_schedule_down_to_no_drafts_keeps_greedy_output_and_skips_the_drafter(monkeypatch):
+    pytest.importorskip("vllm")
+    from dcoco.serving import vllm_no_draft
+
+    for key, value in ENV.items():
+        monkeypatch.setenv(key, value)
+    plain = _generate(None)
+    before = dict(vllm_no_draft.STEPS)
+    speculative = {
+        "method": "dflash",
+        "model": str(checkpoints_dir() / TARGET / CHECKPOINT),
+        "num_speculative_tokens": 7,
+        "num_speculative_tokens_per_batch_size": SCHEDULE,
+    }
+    scheduled = _generate(speculative)
+    steps = {key: vllm_no_draft.STEPS[key] - before[key] for key in before}
+    assert [len(ids) for ids in plain] == list(MAX_TOKENS)
+    assert scheduled == plain
+    # while 3-4 requests ran, no drafts: the drafter only stored its context, sampling was plain
+    assert steps["context_only"] > 0 and steps["plain_sampling"] > 0
+    assert steps["draft_calls_skipped"] > 0  # the engine did not ask for drafts after K = 0
+
+
+@pytest.mark.vllm
+def test_sampled_requests_follow_their_own_schedule(monkeypatch):
+    """With the sampled schedule at 0, a batch of only sampled requests never runs the drafter's
+    pass, and greedy requests beside sampled ones keep plain vLLM's output."""
+    pytest.importorskip("vllm")
+    from dcoco.serving import vllm_no_draft, vllm_sampled_drafts
+
+    for key, value in {**ENV, vllm_sampled_drafts.SCHEDULE_ENV: "1-:0"}.items():
+        monkeypatch.setenv(key, value)
+    vllm_sampled_drafts._schedule.cache_clear()
+    speculative = {
+        "method": "dflash",
+        "model": str(checkpoints_dir() / TARGET / CHECKPOINT),
+        "num_speculative_tokens": 7,
+    }
+    temperatures = (0.0, 1.0, 0.0, 1.0)
+    try:
+        plain = _generate(None, temperatures)
+        before = dict(vllm_no_draft.STEPS)
+        mixed = _generate(speculative, temperatures)
+        sampled_only = vllm_no_draft.STEPS["context_only"]
+        _generate(speculative, (1.0,) * len(PROMPTS))
+        sampled_only = vllm_no_draft.STEPS["context_only"] - sampled_only
+    finally:
+        vllm_sampled_drafts._schedule.cache_clear()
+    assert [mixed[0], mixed[2]] == [plain[0], plain[2]]
+    assert vllm_no_draft.STEPS["context_only"] - before["context_only"] >= sampled_only > 0
