@@ -60,7 +60,9 @@ def test_between_measured_sizes_the_smaller_k_holds():
 def _argv(capsys, *flags) -> list[str]:
     from dcoco.cli import main
 
-    assert main(["serve", "--dry-run", "--layout", "all-cores", *flags]) == 0
+    # --python: the dry run only prints the command, no vLLM needed
+    argv = ["serve", "--dry-run", "--layout", "all-cores", "--python", "python3", *flags]
+    assert main(argv) == 0
     return shlex.split(capsys.readouterr().out.strip().splitlines()[-1])
 
 
