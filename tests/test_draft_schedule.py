@@ -145,9 +145,8 @@ def test_sampled_requests_drafts_are_trimmed_by_their_schedule(monkeypatch):
 
 
 def test_serve_passes_the_sampled_schedule_to_the_server_processes():
-    from dcoco.serving.serve import ServeConfig, sampled_schedule_env
+    from dcoco.serving.draft_schedule import sampled_env
     from dcoco.serving.vllm_sampled_drafts import SCHEDULE_ENV
 
-    config = ServeConfig(method="dflash", draft_schedule="1:7,2-:0/1-:0")
-    assert sampled_schedule_env(config) == {SCHEDULE_ENV: "1-:0"}
-    assert sampled_schedule_env(ServeConfig(draft_schedule="1:7,2-:0")) == {}
+    assert sampled_env("1:7,2-:0/1-:0") == {SCHEDULE_ENV: "1-:0"}
+    assert sampled_env("1:7,2-:0") == {} and sampled_env("fixed") == {}

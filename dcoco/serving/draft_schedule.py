@@ -43,6 +43,9 @@ PROBE_TOKENS = 48  # tokens per request in a timed batch
 PROBE_MIN_TOKENS = 256  # a timed cell repeats its batch until it has produced this many
 PROBE_VERSION = 2  # bump when the probe measures differently: cached schedules are redone
 
+# carries the sampled schedule to the plugin in vLLM's processes (dcoco.serving.vllm_sampled_drafts)
+SCHEDULE_ENV = "DCOCO_SAMPLED_DRAFT_SCHEDULE"  # e.g. `1:2,2-:0`; unset: sampled = greedy
+
 Schedule = list[tuple[int, int, int]]  # (first batch size, last batch size, K)
 
 
@@ -131,6 +134,25 @@ def _merged(schedule: Schedule) -> Schedule:
         else:
             out.append((first, last, k))
     return out
+
+
+def for_server(python: str, probe: dict, layout: str) -> str:
+    """The `GREEDY/SAMPLED` schedule measured for a server with process `layout` (the worker gets
+    every core with `all-cores`, all but one otherwise)."""
+    from dcoco.decode.cost_curve import machine_fingerprint
+
+    cores = len(os.sched_getaffinity(0))
+    threads = cores if layout == "all-cores" else max(1, cores - 1)
+    key = {**machine_fingerprint(), "probe": probe, "layout": layout, "threads": threads}
+    text, _ = measured(python, probe, key, threads)
+    return text
+
+
+def sampled_env(text: str) -> dict[str, str]:
+    """The sampled requests' schedule of `GREEDY/SAMPLED`, as the environment that carries it to
+    the plugin in vLLM's processes (dcoco.serving.vllm_sampled_drafts)."""
+    _, _, sampled = text.partition("/")
+    return {SCHEDULE_ENV: sampled} if sampled else {}
 
 
 def measured(python: str, probe: dict, key: dict, threads: int) -> tuple[str, dict]:

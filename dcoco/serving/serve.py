@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 import shlex
 import signal
 import subprocess
@@ -83,15 +82,9 @@ def run(config: ServeConfig) -> int:
         config = replace(config, dtype=dtype, draft_schedule=_measured_schedule(config, layout))
         python, argv = build_command(config)
         print(shlex.join([python, *argv]), file=sys.stderr)
-    return supervise([python, *argv], {**layout_env(layout), **sampled_schedule_env(config)})
+    from dcoco.serving.draft_schedule import sampled_env
 
-
-def sampled_schedule_env(config: ServeConfig) -> dict[str, str]:
-    """The sampled requests' schedule for the plugin in vLLM's processes (vllm_sampled_drafts)."""
-    from dcoco.serving.vllm_sampled_drafts import SCHEDULE_ENV
-
-    _, _, sampled = config.draft_schedule.partition("/")
-    return {SCHEDULE_ENV: sampled} if sampled and config.draft_schedule != "fixed" else {}
+    return supervise([python, *argv], {**layout_env(layout), **sampled_env(config.draft_schedule)})
 
 
 SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -154,26 +147,18 @@ def _measured_setup(config: ServeConfig) -> tuple[str, str, str, list[str]]:
 
 def _measured_schedule(config: ServeConfig, layout: str) -> str:
     """The draft schedule measured for this machine, method, precision and layout."""
-    from dcoco.decode.cost_curve import machine_fingerprint
     from dcoco.models.loading import resolve_target
-    from dcoco.serving import draft_schedule
+    from dcoco.serving.draft_schedule import for_server
 
-    python, _ = build_command(replace(config, draft_schedule="fixed"))
-    speculative = speculative_config(replace(config, draft_schedule="fixed"))
     probe = {
         "model": str(resolve_target(config.target)),
         "dtype": HF_DTYPE_NAMES.get(config.dtype, config.dtype),
-        "speculative": speculative,
+        "speculative": speculative_config(replace(config, draft_schedule="fixed")),
         "max_model_len": config.max_model_len,
         "kv_cache_bytes": int(config.kv_cache_gib * (1 << 30)),
     }
-    cores = len(os.sched_getaffinity(0))
-    threads = cores if layout == "all-cores" else max(1, cores - 1)  # the worker's share
-    key = {**machine_fingerprint(), "probe": probe, "layout": layout, "threads": threads}
-    text, _ = draft_schedule.measured(python, probe, key, threads)
-    print(
-        f"dcoco: draft schedule (running requests:drafts, greedy/sampled) {text}", file=sys.stderr
-    )
+    text = for_server(find_vllm_python(config.python), probe, layout)
+    print(f"dcoco: draft schedule (requests:drafts, greedy/sampled) {text}", file=sys.stderr)
     return text
 
 

@@ -32,6 +32,8 @@ import inspect
 
 import torch
 
+from dcoco.serving.vllm_sampled_drafts import sampled_drafts
+
 _installed = False
 # Steps each shortcut took, in this process: how a caller checks that they ran.
 STEPS = {"context_only": 0, "plain_sampling": 0, "draft_calls_skipped": 0}
@@ -96,8 +98,6 @@ def _skip_empty_draft_calls() -> None:
 
 def _all_sampled_undrafted(inputs: dict) -> bool:
     """Every request of the step is sampled and the sampled schedule gives them no drafts."""
-    from dcoco.serving.vllm_sampled_drafts import sampled_drafts
-
     batch = inputs["common_attn_metadata"].batch_size()
     return inputs["sampling_metadata"].all_random and sampled_drafts(batch) == 0
 

@@ -18,14 +18,13 @@ from __future__ import annotations
 import os
 from functools import cache
 
-SCHEDULE_ENV = "DCOCO_SAMPLED_DRAFT_SCHEDULE"  # e.g. `1:2,2-:0`; unset: sampled = greedy
+from dcoco.serving.draft_schedule import OPEN_END, SCHEDULE_ENV, k_at, parse
+
 _installed = False
 
 
 @cache
 def _schedule() -> list[tuple[int, int, int]] | None:
-    from dcoco.serving.draft_schedule import OPEN_END, parse
-
     text = os.environ.get(SCHEDULE_ENV, "")
     return parse(text, max_k=OPEN_END) if text else None
 
@@ -33,12 +32,7 @@ def _schedule() -> list[tuple[int, int, int]] | None:
 def sampled_drafts(batch_size: int) -> int | None:
     """The most drafts a sampled request gets in a step of `batch_size` requests; None: no limit."""
     schedule = _schedule()
-    if schedule is None:
-        return None
-    for first, last, k in schedule:
-        if first <= batch_size <= last:
-            return k
-    return schedule[-1][2]
+    return None if schedule is None else k_at(schedule, batch_size)
 
 
 def trim_sampled(drafts: list[list[int]], req_ids: list[str], sampled: set[str]) -> list[list[int]]:
