@@ -399,7 +399,8 @@ def test_dcoco_serve_answers_concurrent_requests_with_spec_metrics(dcoco_checkpo
         sys.executable, "-m", "dcoco", "serve", "--method", "dcoco",
         "--checkpoint", str(dcoco_checkpoint), "--dtype", "fp32", "--port", str(port),
         "--max-model-len", "512", "--kv-cache-gib", "0.125", "--max-num-seqs", "16",
-        "--layout", "vllm-default",  # no probe servers: this test is about the served answers
+        # no probe servers or schedule probe: this test is about the served answers
+        "--layout", "vllm-default", "--draft-schedule", "fixed",
     ]  # fmt: skip
     env = {**os.environ, **ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     log = open(tmp_path / "server.log", "w")  # noqa: SIM115 - closed in finally
