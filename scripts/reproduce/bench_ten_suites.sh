@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The ten-suite report: every method on all ten suites at T=0 and T=1, SmolLM2 bf16 (DTYPE), batch 1.
+# The ten-suite report: every method and the CPU peers on all ten suites at T=0 and T=1, SmolLM2 at
+# the default precision (DTYPE=auto) and draft length (DRAFTS=auto), batch 1.
 # The prompts are split over SHARDS single-threaded `dcoco bench` processes writing one run (on a
 # 2-core CPU two 1-thread processes decode ~1.6x the tokens of one 2-thread process); each shard
 # interleaves the methods prompt by prompt. Always --resume: rerun the script to continue a run
@@ -12,17 +13,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 make -s venv
-METHODS=${METHODS:-plain,pld,dflash@dflash,dcoco@dcoco-joint,dspark@dspark-dropin,domino@domino-dropin}
+METHODS=${METHODS:-plain,pld,pld-dflash,dflash,dcoco,dspark@dspark-dropin,domino@domino-dropin,hf,hf-pld,llama-cpp}
 RUN=${RUN:-smollm2-ten-suites}
 SUITES=${SUITES:-all}        # or a comma list, e.g. gsm8k,humaneval,mtbench
 LIMIT=${LIMIT:-10}           # prompts per suite (MT-Bench: two turns each)
 MAX_TOKENS=${MAX_TOKENS:-256}
 TEMPS=${TEMPS:-0,1}
-DRAFTS=${DRAFTS:-3}          # draft tokens per cycle for every drafter method
+DRAFTS=${DRAFTS:-auto}       # draft tokens per cycle for every drafter method (auto: measured)
 SHARDS=${SHARDS:-2}
 THREADS=${THREADS:-1}        # torch threads per shard
-DTYPE=${DTYPE:-bf16}
+DTYPE=${DTYPE:-auto}         # auto: the precision dcoco profile picks on this machine
 LOGS=${LOGS:-runs}
+case ",$METHODS," in *,llama-cpp,*) make -s llama-cpp ;; esac
 mkdir -p "$LOGS"
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true' INT TERM
