@@ -150,3 +150,59 @@ def test_serve_passes_the_sampled_schedule_to_the_server_processes():
 
     assert sampled_env("1:7,2-:0/1-:0") == {SCHEDULE_ENV: "1-:0"}
     assert sampled_env("1:7,2-:0") == {} and sampled_env("fixed") == {}
+
+
+class _FakeEngine:
+    """vLLM's LLMEngine as queue_rate uses it: each step, every running request emits `per_step`
+    tokens (a delta) and finishes after `length`; records how many ran at each step."""
+
+    def __init__(self, length: int, per_step: dict[int, int]):
+        self.length, self.per_step = length, per_step
+        self.running: dict[str, list[int]] = {}  # id -> [prompt index, tokens so far]
+        self.sizes: list[int] = []
+        self.aborted: list[str] = []
+        self.emitted: list[int] = []  # tokens per step
+
+    def add_request(self, request_id, prompt, params):
+        assert request_id not in self.running
+        self.running[request_id] = [prompt, 0]
+
+    def step(self):
+        from types import SimpleNamespace as NS
+
+        self.sizes.append(len(self.running))
+        outputs = []
+        for request_id, state in list(self.running.items()):
+            new = min(self.per_step[state[0] % 2], self.length - state[1])
+            state[1] += new
+            finished = state[1] == self.length
+            outputs.append(NS(request_id=request_id, finished=finished,
+                              outputs=[NS(token_ids=[0] * new)]))  # fmt: skip
+            if finished:
+                del self.running[request_id]
+        self.emitted.append(sum(len(o.outputs[0].token_ids) for o in outputs))
+        return outputs
+
+    def abort_request(self, request_ids):
+        self.aborted += request_ids
+        for request_id in request_ids:
+            del self.running[request_id]
+
+    def has_unfinished_requests(self):
+        return bool(self.running)
+
+
+def test_probe_queue_keeps_the_batch_full_and_counts_tokens_after_the_first_completion():
+    from dcoco.serving.vllm_schedule_probe import queue_rate
+
+    # even-numbered requests emit 4 tokens a step, odd ones 1: a batch started together would
+    # end with the slow ones running alone; the queue refills every finished slot at once
+    engine = _FakeEngine(length=8, per_step={0: 4, 1: 1})
+    rate = queue_rate(engine, lambda i: (i, None), batch=3, tokens=60)
+    assert rate > 0
+    assert set(engine.sizes) == {3}  # never fewer than 3 running, never more
+    assert len(engine.aborted) == 3 and not engine.running  # the leftovers are cleaned up
+    # timed from the step after the first completion (step 2) to the first step that brings
+    # the count to 60; the abort's drain adds no steps here (it removes everything at once)
+    timed = engine.emitted[2:]
+    assert sum(timed[:-1]) < 60 <= sum(timed)

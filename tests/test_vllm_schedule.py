@@ -115,3 +115,38 @@ def test_sampled_requests_follow_their_own_schedule(monkeypatch):
         vllm_sampled_drafts._schedule.cache_clear()
     assert [mixed[0], mixed[2]] == [plain[0], plain[2]]
     assert vllm_no_draft.STEPS["context_only"] - before["context_only"] >= sampled_only > 0
+
+
+@pytest.mark.vllm
+def test_schedule_probe_times_every_cell_through_its_queue(monkeypatch):
+    """The probe (dcoco.serving.vllm_schedule_probe) on a real engine, at a small scale: every
+    (T, K, batch) cell gets a rate, and each cell's queue is drained before the next."""
+    pytest.importorskip("vllm")
+    from dcoco.models.loading import resolve_target
+    from dcoco.serving import vllm_schedule_probe
+
+    for key, value in ENV.items():
+        monkeypatch.setenv(key, value)
+    request = {
+        "model": str(resolve_target(TARGET)),
+        "dtype": "float32",
+        "max_model_len": 512,
+        "kv_cache_bytes": 128 << 20,
+        "speculative": {
+            "method": "dflash",
+            "model": str(checkpoints_dir() / TARGET / CHECKPOINT),
+            "num_speculative_tokens": 3,
+        },
+        "draft_lengths": {"0": [0, 3], "1": [0]},
+        "batches": [1, 3],
+        "sampled_batches": [2],
+        "max_tokens": 8,
+        "min_tokens": 16,
+        "queue_rounds": 1,
+    }
+    summary = vllm_schedule_probe.measure(request)
+    rates = summary["rates"]
+    assert set(rates) == {"0", "1"} and set(rates["0"]) == {"0", "3"} and set(rates["1"]) == {"0"}
+    cells = [*rates["0"]["0"].values(), *rates["0"]["3"].values(), *rates["1"]["0"].values()]
+    assert set(rates["0"]["3"]) == {"1", "3"} and set(rates["1"]["0"]) == {"2"}
+    assert all(rate > 0 for rate in cells)

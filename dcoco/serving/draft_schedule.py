@@ -39,9 +39,10 @@ PROBE_DRAFT_LENGTHS = (0, 1, 2, 3, 5, 7)
 PROBE_BATCHES = (1, 2, 4, 8, 16, 32)
 PROBE_SAMPLED_DRAFT_LENGTHS = (0, 1, 3)  # at T = 1 short drafts or none win, if any
 PROBE_SAMPLED_BATCHES = (1, 2, 4)  # beyond these the greedy schedule already drafts little
-PROBE_TOKENS = 48  # tokens per request in a timed batch
-PROBE_MIN_TOKENS = 256  # a timed cell repeats its batch until it has produced this many
-PROBE_VERSION = 2  # bump when the probe measures differently: cached schedules are redone
+PROBE_TOKENS = 48  # tokens per request in the probe's queue
+PROBE_MIN_TOKENS = 256  # a timed cell runs until its requests have produced at least this many,
+PROBE_QUEUE_ROUNDS = 2  # and at least this many times batch size x PROBE_TOKENS
+PROBE_VERSION = 3  # bump when the probe measures differently: cached schedules are redone
 
 # carries the sampled schedule to the plugin in vLLM's processes (dcoco.serving.vllm_sampled_drafts)
 SCHEDULE_ENV = "DCOCO_SAMPLED_DRAFT_SCHEDULE"  # e.g. `1:2,2-:0`; unset: sampled = greedy
@@ -179,6 +180,7 @@ def measured(python: str, probe: dict, key: dict, threads: int) -> tuple[str, di
         "sampled_batches": list(PROBE_SAMPLED_BATCHES),
         "max_tokens": PROBE_TOKENS,
         "min_tokens": PROBE_MIN_TOKENS,
+        "queue_rounds": PROBE_QUEUE_ROUNDS,
     }
     print("dcoco: measuring the draft schedule (once per machine and method)", file=sys.stderr)
     summary = _run_probe(python, request, threads)

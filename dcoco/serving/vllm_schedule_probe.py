@@ -2,18 +2,22 @@
 `python -m dcoco.serving.vllm_schedule_probe REQUEST.json`.
 
 For each draft length K of the request, one offline vLLM engine (this process, so the numbers
-are the worker's alone) serves the method with every batch size scheduled at K, and times
-batches of chat requests at each temperature the request lists for that K (greedy at T = 0,
-sampled at T = 1, a fixed seed per request), all running `max_tokens` tokens (EOS ignored, so a
-batch keeps its size to the end). Small batches are repeated until they have produced at least
-`min_tokens` tokens. The tokens/s of every (T, K, batch) cell goes to the request's `summary`
-file as JSON (vLLM's logging shares stdout). dcoco.serving.draft_schedule turns the grids into
-schedules.
+are the worker's alone) serves the method with every batch size scheduled at K, and times each
+batch size b the way a loaded server runs it: a queue keeps b chat requests in flight (greedy at
+T = 0, sampled at T = 1, a fixed seed per request), each running `max_tokens` tokens with EOS
+ignored, and a finished request is replaced at once. A batch of b requests started together
+would instead wait for its slowest request at ever smaller sizes, which under-rates drafting
+(a request that accepts less keeps running alone). The clock starts when the first request
+finishes (the queue is staggered from then on) and stops once the requests have produced
+max(`min_tokens`, `queue_rounds` x b x `max_tokens`) more tokens. The tokens/s of every
+(T, K, batch) cell goes to the request's `summary` file as JSON (vLLM's logging shares stdout).
+dcoco.serving.draft_schedule turns the grids into schedules.
 """
 
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import sys
 import time
@@ -55,6 +59,7 @@ PROMPTS = (
     "Describe how photosynthesis works.",
     "Plan a one-day trip to a city you like.",
 )
+_REQUEST_IDS = itertools.count()  # unique across cells: vLLM keys requests by id
 
 
 def measure(request: dict) -> dict:
@@ -89,39 +94,85 @@ def _one_engine(request: dict, k: int, temperatures: list[str]) -> dict[str, dic
         seed=0,
     )
     try:
-        messages = [[{"role": "user", "content": p}] for p in PROMPTS]
-        llm.chat(messages[:2], _params(request, 0.0, 2), use_tqdm=False)  # warm-up
-        return {t: _time_batches(llm, request, messages, float(t)) for t in temperatures}
+        tokenizer = llm.get_tokenizer()
+        prompts = [
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": p}],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,  # token ids, not transformers 5's BatchEncoding
+            )
+            for p in PROMPTS
+        ]
+        _time_batches(llm, {**request, "batches": [2], "min_tokens": 0}, prompts, 0.0)  # warm-up
+        return {t: _time_batches(llm, request, prompts, float(t)) for t in temperatures}
     finally:
         del llm
         gc.collect()
         cleanup_dist_env_and_memory()
 
 
-def _params(request: dict, temperature: float, batch: int) -> list:
+def _params(request: dict, temperature: float, seed: int):
     from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
 
-    return [
-        SamplingParams(
-            temperature=temperature, max_tokens=request["max_tokens"], ignore_eos=True, seed=i
-        )
-        for i in range(batch)
-    ]
+    return SamplingParams(
+        temperature=temperature,
+        max_tokens=request["max_tokens"],
+        ignore_eos=True,
+        seed=seed,
+        output_kind=RequestOutputKind.DELTA,  # each step reports only its new tokens
+    )
 
 
-def _time_batches(llm, request: dict, messages: list, temperature: float) -> dict[str, float]:
-    rates = {}
+def _time_batches(llm, request: dict, prompts: list, temperature: float) -> dict[str, float]:
     batches = request["batches"] if temperature == 0 else request["sampled_batches"]
-    for batch in batches:
-        rounds = max(1, -(-request["min_tokens"] // (batch * request["max_tokens"])))
-        chosen = [messages[i % len(messages)] for i in range(batch)]
-        params = _params(request, temperature, batch)
-        started, produced = time.perf_counter(), 0
-        for _ in range(rounds):
-            outputs = llm.chat(chosen, params, use_tqdm=False)
-            produced += sum(len(o.outputs[0].token_ids) for o in outputs)
-        rates[str(batch)] = round(produced / (time.perf_counter() - started), 2)
-    return rates
+    return {
+        str(batch): round(
+            queue_rate(
+                llm.llm_engine,
+                lambda i: (
+                    {"prompt_token_ids": prompts[i % len(prompts)]},
+                    _params(request, temperature, i),
+                ),  # fmt: skip
+                batch,
+                max(request["min_tokens"], request["queue_rounds"] * batch * request["max_tokens"]),
+            ),
+            2,
+        )
+        for batch in batches
+    }
+
+
+def queue_rate(engine, make_request, batch: int, tokens: int) -> float:
+    """Tokens/s of `engine` (vLLM's LLMEngine: add_request, step, abort_request) with `batch`
+    requests kept in flight, `make_request(i)` -> (prompt, params) the i-th of them; timed from
+    the first completion until `tokens` more tokens came out; what is still running is aborted."""
+    running: set[str] = set()
+
+    def submit(i: int) -> None:
+        request_id = f"q{next(_REQUEST_IDS)}"
+        engine.add_request(request_id, *make_request(i))
+        running.add(request_id)
+
+    for i in range(batch):
+        submit(i)
+    submitted, produced, started = batch, 0, None
+    while started is None or produced < tokens:
+        outputs = engine.step()
+        if started is not None:
+            produced += sum(len(output.outputs[0].token_ids) for output in outputs)
+        for output in (output for output in outputs if output.finished):
+            running.discard(output.request_id)
+            submit(submitted)
+            submitted += 1
+        if started is None and submitted > batch:  # the first completion: staggered from here
+            started = time.perf_counter()
+    elapsed = time.perf_counter() - started
+    engine.abort_request(sorted(running))
+    while engine.has_unfinished_requests():  # let the aborts land before the next cell
+        engine.step()
+    return produced / elapsed
 
 
 def main(argv: list[str]) -> int:
