@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 
 import pytest
+import torch
 
 from dcoco.paths import checkpoints_dir
 
@@ -150,3 +151,45 @@ def test_schedule_probe_times_every_cell_through_its_queue(monkeypatch):
     cells = [*rates["0"]["0"].values(), *rates["0"]["3"].values(), *rates["1"]["0"].values()]
     assert set(rates["0"]["3"]) == {"1", "3"} and set(rates["1"]["0"]) == {"2"}
     assert all(rate > 0 for rate in cells)
+
+
+@pytest.mark.vllm
+def test_runner_shortcut_stores_the_same_context_as_the_proposer_path(monkeypatch):
+    """At K = 0 the runner's shortcut writes the drafter's context itself: the drafts of the
+    steps that draft again afterwards equal those of vLLM's own path, token for token (fp32)."""
+    pytest.importorskip("vllm")
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from dcoco.serving import vllm_no_draft
+
+    for key, value in ENV.items():
+        monkeypatch.setenv(key, value)
+    vllm_no_draft.install()
+    drafts: list[list[list[int]]] = []
+    propose = GPUModelRunner.propose_draft_token_ids
+
+    def recorded(self, *args, **kwargs):
+        out = propose(self, *args, **kwargs)
+        if isinstance(out, torch.Tensor) and out.shape[1] > 0:
+            drafts.append(out.tolist())
+        return out
+
+    monkeypatch.setattr(GPUModelRunner, "propose_draft_token_ids", recorded)
+    speculative = {
+        "method": "dflash",
+        "model": str(checkpoints_dir() / TARGET / CHECKPOINT),
+        "num_speculative_tokens": 7,
+        "num_speculative_tokens_per_batch_size": SCHEDULE,
+    }
+    runs = {}
+    for shortcut in (True, False):
+        monkeypatch.setattr(vllm_no_draft, "RUNNER_SHORTCUT", shortcut)
+        before, drafts[:] = dict(vllm_no_draft.STEPS), []
+        outputs = _generate(speculative)
+        steps = {key: vllm_no_draft.STEPS[key] - before[key] for key in before}
+        runs[shortcut] = (outputs, [list(d) for d in drafts], steps)
+    (fast, fast_drafts, fast_steps), (slow, slow_drafts, slow_steps) = runs[True], runs[False]
+    assert fast_steps["runner_context_only"] > 0 and slow_steps["runner_context_only"] == 0
+    assert slow_steps["context_only"] > 0
+    assert fast == slow
+    assert len(fast_drafts) > 0 and fast_drafts == slow_drafts

@@ -21,6 +21,13 @@ batch that sampler's output is its bonus sample of every row, so such a step is 
 decoding samples it: vLLM's sampler on the same logits, with the same `predict_bonus_token` flag.
 Steps that ask for logprobs keep vLLM's path (its logprob bookkeeping differs).
 
+Before the proposer, vLLM's runner prepares a drafting step even at K = 0: the next token of every
+request (a Python loop over requests), the rejected-token bookkeeping and the proposer's input
+layout, ~30 small ops a step. When the step verified no drafts (none were scheduled) nothing was
+rejected, so the context is exactly the step's scheduled tokens: `install()` also wraps the runner's
+`propose_draft_token_ids` to store the context K/V straight from the target's hidden states, at
+the positions and KV slots the target used (the drafter shares the target's block table).
+
 After a step scheduled with K = 0 the engine still asks the worker for its drafts, a round trip
 between processes each step; there are none, and the scheduler has already cleared every
 request's previous drafts, so the engine skips that call.
@@ -36,7 +43,8 @@ from dcoco.serving.vllm_sampled_drafts import sampled_drafts
 
 _installed = False
 # Steps each shortcut took, in this process: how a caller checks that they ran.
-STEPS = {"context_only": 0, "plain_sampling": 0, "draft_calls_skipped": 0}
+STEPS = {"context_only": 0, "runner_context_only": 0, "plain_sampling": 0, "draft_calls_skipped": 0}
+RUNNER_SHORTCUT = True  # False: K = 0 steps take the proposer's path (tests compare the two)
 
 
 def install() -> None:
@@ -70,6 +78,7 @@ def install() -> None:
         return self.sampler(bonus_logits, sampling_metadata, predict_bonus_token=True)
 
     RejectionSampler.forward = forward
+    _runner_context_only()
     _skip_empty_draft_calls()
     _installed = True
 
@@ -96,6 +105,45 @@ def _skip_empty_draft_calls() -> None:
     EngineCore.post_step = after_step
 
 
+def _runner_context_only() -> None:
+    """GPUModelRunner.propose_draft_token_ids stores the drafter's context and returns no drafts
+    when the step neither verifies drafts nor asks for any."""
+    from vllm.v1.spec_decode.dflash import DFlashProposer
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    original = GPUModelRunner.propose_draft_token_ids
+    parameters = inspect.signature(original)
+
+    def propose_draft_token_ids(self, *args, **kwargs):
+        inputs = parameters.bind(self, *args, **kwargs).arguments
+        if (
+            not RUNNER_SHORTCUT
+            or inputs["scheduler_output"].num_spec_tokens_to_schedule != 0
+            or _verifies_drafts(inputs["spec_decode_metadata"])
+            or inputs["aux_hidden_states"] is None
+            or not isinstance(self.drafter, DFlashProposer)
+        ):
+            return original(self, *args, **kwargs)
+        STEPS["runner_context_only"] += 1
+        tokens = inputs["scheduler_output"].total_num_scheduled_tokens
+        cad = inputs["common_attn_metadata"]  # the drafter's KV-cache group
+        hidden = torch.cat([h[:tokens] for h in inputs["aux_hidden_states"]], dim=-1)
+        return _store_context(
+            self.drafter,
+            self.drafter.model.combine_hidden_states(hidden),
+            self._get_positions(tokens),
+            cad.slot_mapping[:tokens],
+            cad.batch_size(),
+        )
+
+    GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
+
+
+def _verifies_drafts(metadata) -> bool:
+    """vLLM builds speculative metadata every step; drafts were verified if any row had some."""
+    return metadata is not None and metadata.max_spec_len != 0
+
+
 def _all_sampled_undrafted(inputs: dict) -> bool:
     """Every request of the step is sampled and the sampled schedule gives them no drafts."""
     batch = inputs["common_attn_metadata"].batch_size()
@@ -106,8 +154,7 @@ def _all_sampled_undrafted(inputs: dict) -> bool:
 def _context_only(proposer, inputs: dict) -> torch.Tensor:
     """The drafter's context K/V for this step's verified tokens; [requests, 0] draft ids."""
     STEPS["context_only"] += 1
-    proposer.num_speculative_tokens = 0
-    proposer._last_draft_probs = None
+    proposer.num_speculative_tokens = 0  # the input layout below then expands no query rows
     cad = inputs["common_attn_metadata"]
     hidden = proposer.model.combine_hidden_states(inputs["target_hidden_states"])
     proposer.set_inputs_first_pass(
@@ -120,9 +167,25 @@ def _context_only(proposer, inputs: dict) -> torch.Tensor:
         num_rejected_tokens_gpu=inputs.get("num_rejected_tokens_gpu"),
     )
     num_context = proposer._dflash_num_context
-    proposer.model.precompute_and_store_context_kv(
+    return _store_context(
+        proposer,
         proposer._dflash_hidden_states,
         proposer._context_positions_buffer[:num_context],
         proposer._context_slot_mapping_buffer[:num_context],
+        cad.batch_size(),
     )
-    return torch.empty(cad.batch_size(), 0, dtype=torch.int64, device=hidden.device)
+
+
+@torch.inference_mode()
+def _store_context(
+    proposer,
+    hidden: torch.Tensor,  # [tokens, hidden] the target's combined hidden states
+    positions: torch.Tensor,  # [tokens]
+    slots: torch.Tensor,  # [tokens] KV-cache slots
+    requests: int,
+) -> torch.Tensor:
+    """Write the drafter's context K/V; [requests, 0] draft ids."""
+    proposer.num_speculative_tokens = 0
+    proposer._last_draft_probs = None
+    proposer.model.precompute_and_store_context_kv(hidden, positions, slots)
+    return torch.empty(requests, 0, dtype=torch.int64, device=hidden.device)
