@@ -26,3 +26,18 @@ def test_run_record_specs_drop_peers_and_precisions():
     assert our_method_specs(specs) == ["plain", "dflash"]
     rows = [parse_row(s) for s in specs if s.strip()]
     assert ours_at_run_precision(rows) == ["plain", "dflash"]
+
+
+def test_llama_cpp_row_runs_prompt_and_decode_on_the_threads_asked(monkeypatch):
+    """`--threads 1` means one thread for llama.cpp's prompt too (its default is every core)."""
+    import sys
+    from types import ModuleType, SimpleNamespace
+
+    from dcoco.eval.peers import LlamaCppPeer
+
+    made = {}
+    fake = ModuleType("llama_cpp")
+    fake.Llama = lambda **kwargs: made.update(kwargs)
+    monkeypatch.setitem(sys.modules, "llama_cpp", fake)
+    LlamaCppPeer("model.gguf", SimpleNamespace(max_context=2048, stop_ids={2}), threads=1)
+    assert made["n_threads"] == 1 and made["n_threads_batch"] == 1

@@ -73,7 +73,11 @@ class LlamaCppPeer:
                 "llama.cpp, several minutes)"
             ) from error
         self.llm = Llama(
-            model_path=str(gguf_path), n_ctx=target.max_context, n_threads=threads, verbose=False
+            model_path=str(gguf_path),
+            n_ctx=target.max_context,
+            n_threads=threads,
+            n_threads_batch=threads,  # the prompt too: its default is every core of the machine
+            verbose=False,
         )
         self.stop_ids = sorted(target.stop_ids)
 
