@@ -1,12 +1,16 @@
 """`--num-draft-tokens auto`: each cycle, the draft length k that maximises expected tokens per
-millisecond, from the target's measured cost curve and the method's per-slot acceptance.
+millisecond, from the target's measured cost curve and the method's per-slot acceptance; k = 0
+(a plain step, no proposer pass) where no draft pays, e.g. sampled replies on a CPU whose verify
+grows fast with its length.
 
 With a_i the chance that slot i is accepted given slots 1..i-1 were, a cycle of k drafts commits
 E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i tokens (the +1 is the corrected or bonus token) and costs
-verify(k + 1) + draft. The a_i start from a prior (a drafter checkpoint's held-out slot accuracy,
-which is the unconditional rate and so errs low, or a flat 0.5 for prompt lookup) and are updated
-by the cycles this engine verifies, so a method whose drafts miss settles on short blocks. Any k is
-lossless: it changes the speed, never the output.
+verify(k + 1) + draft; k = 0 commits 1 token for verify(1). The a_i start from a prior (a
+drafter checkpoint's held-out slot accuracy, which is the unconditional rate and so errs low, or
+a flat 0.5 for prompt lookup) and are updated by the cycles this engine verifies, so a method
+whose drafts miss settles on short blocks or none.
+A context mode that has drafted nothing for EXPLORE_EVERY cycles drafts once (the best k >= 1), so
+its rates keep following the text. Any k is lossless: it changes the speed, never the output.
 
 The a_i and the draft cost are kept per *context mode*: the length of the n-gram ending at the
 anchor that occurred earlier in the context (dcoco.models.copy_hints.match_length; 0 = none),
@@ -25,6 +29,7 @@ from dcoco.decode.cost_curve import CostCurve
 FLAT_PRIOR = 0.5  # a_i for a method that stores no acceptance (prompt lookup)
 PRIOR_WEIGHT = 8.0  # the prior counts as this many observed cycles per slot
 DRAFT_COST_DECAY = 0.9  # the proposer's cost per cycle is a running average (weight of the past)
+EXPLORE_EVERY = 8  # cycles without drafts in a mode before it drafts once to re-measure
 
 
 def expected_tokens(acceptance: list[float], k: int) -> float:
@@ -37,14 +42,17 @@ def expected_tokens(acceptance: list[float], k: int) -> float:
 
 
 def best_draft_length(
-    acceptance: list[float], curve: CostCurve, draft_ms: float, max_k: int
+    acceptance: list[float], curve: CostCurve, draft_ms: float, max_k: int, min_k: int = 1
 ) -> int:
-    """The k in 1..max_k with the most expected tokens per millisecond."""
+    """The k in min_k..max_k with the most expected tokens per millisecond (k = 0: a plain step,
+    no proposer pass; the cheaper k on a tie)."""
 
     def rate(k: int) -> float:
+        if k == 0:
+            return 1.0 / curve.ms(1)
         return expected_tokens(acceptance, k) / (curve.ms(k + 1) + draft_ms)
 
-    return max(range(1, max_k + 1), key=rate)
+    return max(range(min_k, max_k + 1), key=rate)
 
 
 @dataclass
@@ -54,7 +62,9 @@ class ModeCounts:
     accepted: list[float]  # per slot: cycles that accepted it
     reached: list[float]  # per slot: cycles that reached it
     draft_ms: float  # running average of the proposer's cost per cycle
-    cycles: int = 0
+    cycles: int = 0  # verified cycles, those without drafts included
+    drafted: int = 0  # cycles with drafts
+    idle: int = 0  # cycles without drafts since the last one with
 
 
 @dataclass
@@ -83,8 +93,20 @@ class DraftLengthPolicy:
         return [a / r for a, r in zip(counts.accepted, counts.reached, strict=True)]
 
     def choose(self, mode: int = 0) -> int:
+        """The best k in 0..max_k for `mode` now (no side effects)."""
         draft_ms = self.counts(mode).draft_ms
-        return best_draft_length(self.acceptance(mode), self.curve, draft_ms, self.max_k)
+        return best_draft_length(self.acceptance(mode), self.curve, draft_ms, self.max_k, 0)
+
+    def next_length(self, mode: int = 0) -> int:
+        """The k of the next cycle: `choose`, except that after EXPLORE_EVERY cycles without
+        drafts the mode drafts once, with the best k >= 1."""
+        counts = self.counts(mode)
+        k = self.choose(mode)
+        counts.idle = counts.idle + 1 if k == 0 else 0
+        if counts.idle >= EXPLORE_EVERY:
+            counts.idle = 0
+            return best_draft_length(self.acceptance(mode), self.curve, counts.draft_ms, self.max_k)
+        return k
 
     def describe(self) -> str:
         if not self.modes:
@@ -102,13 +124,16 @@ class DraftLengthPolicy:
         """A verified cycle in context `mode`: slots 1..accepted were accepted, slot
         accepted + 1 (when proposed) was missed."""
         counts = self.counts(mode)
+        counts.cycles += 1
+        if proposed == 0:  # a plain step: no acceptance to learn, no proposer cost
+            return
         for slot in range(min(accepted + 1, proposed)):
             counts.reached[slot] += 1
             counts.accepted[slot] += slot < accepted
         ms = draft_s * 1000
-        past = DRAFT_COST_DECAY if counts.cycles else 0.0
+        past = DRAFT_COST_DECAY if counts.drafted else 0.0
         counts.draft_ms = past * counts.draft_ms + (1 - past) * ms
-        counts.cycles += 1
+        counts.drafted += 1
 
 
 def _mode_name(mode: int) -> str:

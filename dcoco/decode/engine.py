@@ -86,8 +86,10 @@ class Engine:
             # 2. propose: at most as many drafts as the budget and the context can still take.
             max_slots = min(budget - len(new_ids) - 1, target.max_context - tokens.shape[0])
             mode = self._context_mode(tokens)
+            if self.draft_length and proposer is not None and max_slots > 0:  # auto; 0: plain step
+                max_slots = min(max_slots, self.draft_length.next_length(mode))
             tick = time.perf_counter()
-            proposal = self._propose(tokens, new_features, max_slots, mode)
+            proposal = self._propose(tokens, new_features, max_slots)
             propose_s = _elapsed(tick, device)
             stats.draft_s += propose_s - proposal.correct_s
             stats.correct_s += proposal.correct_s
@@ -118,11 +120,9 @@ class Engine:
         """The key the draft-length policy keeps its rates under (dcoco.decode.draft_length)."""
         return match_length(tokens) if self.draft_length else 0
 
-    def _propose(self, tokens, new_features, max_slots: int, mode: int) -> Proposal:
+    def _propose(self, tokens, new_features, max_slots: int) -> Proposal:
         if self.proposer is None or max_slots <= 0:
             return empty_proposal(tokens.device)
-        if self.draft_length:
-            max_slots = min(max_slots, self.draft_length.choose(mode))
         proposal = self.proposer.propose(DraftContext(tokens, new_features, max_slots))
         if proposal.num_slots > max_slots:
             proposal = Proposal(

@@ -166,7 +166,8 @@ def _tables(report: dict) -> str:
         draft = " ".join(f"{k}:{v:.1f}" for k, v in costs["draft_ms"].items())
         correct = " ".join(f"{k}:{v:.1f}" for k, v in costs["correct_ms"].items())
         lines.append(f"{method}: draft ms by slots {draft} | correct ms {correct}")
-        lines.append(f"{method}: auto starts at k = {costs['auto_k']} (then follows acceptance)")
+        start = costs["auto_k"]
+        lines.append(f"{method}: auto starts at k = {start} (then follows acceptance; 0: none)")
     return "\n".join(lines)
 
 
