@@ -112,28 +112,34 @@ def _runner_context_only() -> None:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     original = GPUModelRunner.propose_draft_token_ids
-    parameters = inspect.signature(original)
 
-    def propose_draft_token_ids(self, *args, **kwargs):
-        inputs = parameters.bind(self, *args, **kwargs).arguments
+    # vLLM 0.32's signature, spelled out: no per-step argument binding on this hot path
+    def propose_draft_token_ids(
+        self, scheduler_output, sampled_token_ids, sampling_metadata, hidden_states,
+        sample_hidden_states, aux_hidden_states, spec_decode_metadata, common_attn_metadata,
+        slot_mappings,
+    ):  # fmt: skip
         if (
             not RUNNER_SHORTCUT
-            or inputs["scheduler_output"].num_spec_tokens_to_schedule != 0
-            or _verifies_drafts(inputs["spec_decode_metadata"])
-            or inputs["aux_hidden_states"] is None
+            or scheduler_output.num_spec_tokens_to_schedule != 0
+            or _verifies_drafts(spec_decode_metadata)
+            or aux_hidden_states is None
             or not isinstance(self.drafter, DFlashProposer)
         ):
-            return original(self, *args, **kwargs)
+            return original(
+                self, scheduler_output, sampled_token_ids, sampling_metadata, hidden_states,
+                sample_hidden_states, aux_hidden_states, spec_decode_metadata,
+                common_attn_metadata, slot_mappings,
+            )  # fmt: skip
         STEPS["runner_context_only"] += 1
-        tokens = inputs["scheduler_output"].total_num_scheduled_tokens
-        cad = inputs["common_attn_metadata"]  # the drafter's KV-cache group
-        hidden = torch.cat([h[:tokens] for h in inputs["aux_hidden_states"]], dim=-1)
+        tokens = scheduler_output.total_num_scheduled_tokens
+        hidden = torch.cat([h[:tokens] for h in aux_hidden_states], dim=-1)
         return _store_context(
             self.drafter,
             self.drafter.model.combine_hidden_states(hidden),
             self._get_positions(tokens),
-            cad.slot_mapping[:tokens],
-            cad.batch_size(),
+            common_attn_metadata.slot_mapping[:tokens],  # the drafter's KV-cache group
+            common_attn_metadata.batch_size(),
         )
 
     GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
