@@ -245,6 +245,7 @@ def test_serve_command_for_a_drafter(serve_dirs):
         "method": "dflash",
         "model": str(drafter.resolve()),
         "num_speculative_tokens": 7,
+        "disable_eagle_block_drop": True,  # a DFlash drafter keeps the whole prefix-cache hit
     }
     assert argv[argv.index("--per-request-spec-decode-metrics") + 1] == "summary"
     assert "--enforce-eager" in argv and argv[-2:] == ["--max-num-batched-tokens", "512"]

@@ -21,6 +21,43 @@ def test_parse_and_format_round_trip():
     assert parse("1-:4", max_k=7) == [(1, OPEN_END, 4)]
 
 
+def test_largest_drafting_batch():
+    assert draft_schedule.largest_drafting_batch(parse("1:7,2-3:2,4-:0", max_k=7)) == 3
+    assert draft_schedule.largest_drafting_batch(parse("1-:0", max_k=7)) == 0
+    assert draft_schedule.largest_drafting_batch(parse("1:7,2-:3", max_k=7)) == OPEN_END
+
+
+def test_k0_context_limit_follows_both_schedules(monkeypatch):
+    """The runner shortcut stores the drafter's context up to the largest batch either schedule
+    drafts at plus the margin; with no per-batch schedule it always stores it."""
+    from types import SimpleNamespace
+
+    from dcoco.serving import vllm_no_draft, vllm_sampled_drafts
+
+    def limit(greedy, sampled=None, margin=None):
+        env = {draft_schedule.SCHEDULE_ENV: sampled} if sampled else {}
+        monkeypatch.delenv(draft_schedule.SCHEDULE_ENV, raising=False)
+        monkeypatch.delenv(draft_schedule.CONTEXT_MARGIN_ENV, raising=False)
+        for key, value in {
+            **env,
+            **({draft_schedule.CONTEXT_MARGIN_ENV: margin} if margin else {}),
+        }.items():
+            monkeypatch.setenv(key, value)
+        vllm_sampled_drafts._schedule.cache_clear()
+        config = SimpleNamespace(num_speculative_tokens_per_batch_size=greedy)
+        return vllm_no_draft._context_limit(SimpleNamespace(speculative_config=config))
+
+    try:
+        assert limit([[1, 2, 7], [3, OPEN_END, 0]]) == 2 + vllm_no_draft.CONTEXT_MARGIN
+        assert limit([[1, 2, 7], [3, OPEN_END, 0]], sampled="1-4:1,5-:0", margin="3") == 7
+        assert (
+            limit([[1, 1, 7], [2, OPEN_END, 0]], sampled="1-:0") == 1 + vllm_no_draft.CONTEXT_MARGIN
+        )
+        assert limit(None) >= OPEN_END
+    finally:
+        vllm_sampled_drafts._schedule.cache_clear()
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

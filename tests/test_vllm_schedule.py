@@ -87,6 +87,8 @@ def test_schedule_down_to_no_drafts_keeps_greedy_output_and_skips_the_drafter(mo
     # while 3-4 requests ran, no drafts: the drafter only stored its context (the runner's
     # shortcut: the batch shrinks, so no K = 0 step follows a drafting one), sampling was plain
     assert steps["runner_context_only"] > 0 and steps["plain_sampling"] > 0
+    # at 4 requests, beyond the largest drafting batch (2) + CONTEXT_MARGIN, no context stored
+    assert steps["context_skipped"] > 0
     assert steps["draft_calls_skipped"] > 0  # the engine did not ask for drafts after K = 0
 
 
@@ -176,6 +178,7 @@ def test_runner_shortcut_stores_the_same_context_as_the_proposer_path(monkeypatc
         return out
 
     monkeypatch.setattr(GPUModelRunner, "propose_draft_token_ids", recorded)
+    monkeypatch.setattr(vllm_no_draft, "CONTEXT_MARGIN", 1 << 16)  # every K = 0 step stores it
     speculative = {
         "method": "dflash",
         "model": str(checkpoints_dir() / TARGET / CHECKPOINT),
@@ -191,6 +194,7 @@ def test_runner_shortcut_stores_the_same_context_as_the_proposer_path(monkeypatc
         runs[shortcut] = (outputs, [list(d) for d in drafts], steps)
     (fast, fast_drafts, fast_steps), (slow, slow_drafts, slow_steps) = runs[True], runs[False]
     assert fast_steps["runner_context_only"] > 0 and slow_steps["runner_context_only"] == 0
+    assert fast_steps["context_skipped"] == 0
     assert slow_steps["context_only"] > 0
     assert fast == slow
     assert len(fast_drafts) > 0 and fast_drafts == slow_drafts

@@ -46,6 +46,8 @@ PROBE_VERSION = 3  # bump when the probe measures differently: cached schedules 
 
 # carries the sampled schedule to the plugin in vLLM's processes (dcoco.serving.vllm_sampled_drafts)
 SCHEDULE_ENV = "DCOCO_SAMPLED_DRAFT_SCHEDULE"  # e.g. `1:2,2-:0`; unset: sampled = greedy
+# carries `dcoco serve --k0-context-margin` to the plugin (dcoco.serving.vllm_no_draft)
+CONTEXT_MARGIN_ENV = "DCOCO_K0_CONTEXT_MARGIN"
 
 Schedule = list[tuple[int, int, int]]  # (first batch size, last batch size, K)
 
@@ -87,6 +89,11 @@ def k_at(schedule: Schedule, batch_size: int) -> int:
         if first <= batch_size <= last:
             return k
     return schedule[-1][2]
+
+
+def largest_drafting_batch(schedule: Schedule) -> int:
+    """The largest batch size given drafts (OPEN_END: every size from some on; 0: none)."""
+    return max((last for _, last, k in schedule if k > 0), default=0)
 
 
 def at_most(sampled: Schedule, greedy: Schedule) -> Schedule:

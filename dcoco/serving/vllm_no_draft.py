@@ -28,6 +28,15 @@ rejected, so the context is exactly the step's scheduled tokens: `install()` als
 `propose_draft_token_ids` to store the context K/V straight from the target's hidden states, at
 the positions and KV slots the target used (the drafter shares the target's block table).
 
+Storing the context costs ~0.9 ms a step at 8 requests on the 2-core Xeon (3% of a plain step,
+timed once; docs/serving.md),
+and at high load the schedule may not draft again before a request ends. So a K = 0 step with
+more requests than any schedule drafts at, plus CONTEXT_MARGIN (`dcoco serve
+--k0-context-margin`), stores nothing. A request that drafts again later finds stale K/V at the
+positions it skipped: 16 requests at K = 0, then two drafting (K = 7) after 48 skipped positions
+and their prompts, τ 2.46 against 2.65 with the context stored
+(scripts/reproduce/vllm_context_skip.py). Output is never affected.
+
 After a step scheduled with K = 0 the engine still asks the worker for its drafts, a round trip
 between processes each step; there are none, and the scheduler has already cleared every
 request's previous drafts, so the engine skips that call.
@@ -36,15 +45,24 @@ request's previous drafts, so the engine skips that call.
 from __future__ import annotations
 
 import inspect
+import os
 
 import torch
 
-from dcoco.serving.vllm_sampled_drafts import sampled_drafts
+from dcoco.serving.draft_schedule import CONTEXT_MARGIN_ENV, OPEN_END, largest_drafting_batch
+from dcoco.serving.vllm_sampled_drafts import sampled_drafts, sampled_schedule
 
 _installed = False
 # Steps each shortcut took, in this process: how a caller checks that they ran.
-STEPS = {"context_only": 0, "runner_context_only": 0, "plain_sampling": 0, "draft_calls_skipped": 0}
+STEPS = {
+    "context_only": 0,
+    "runner_context_only": 0,
+    "context_skipped": 0,
+    "plain_sampling": 0,
+    "draft_calls_skipped": 0,
+}
 RUNNER_SHORTCUT = True  # False: K = 0 steps take the proposer's path (tests compare the two)
+CONTEXT_MARGIN = 1  # K = 0 steps store the context up to this many requests above any drafting
 
 
 def install() -> None:
@@ -132,6 +150,10 @@ def _runner_context_only() -> None:
                 common_attn_metadata, slot_mappings,
             )  # fmt: skip
         STEPS["runner_context_only"] += 1
+        requests = common_attn_metadata.batch_size()
+        if requests > _context_limit(self):
+            STEPS["context_skipped"] += 1
+            return torch.empty(requests, 0, dtype=torch.int64, device=self.device)
         tokens = scheduler_output.total_num_scheduled_tokens
         hidden = torch.cat([h[:tokens] for h in aux_hidden_states], dim=-1)
         return _store_context(
@@ -139,10 +161,25 @@ def _runner_context_only() -> None:
             self.drafter.model.combine_hidden_states(hidden),
             self._get_positions(tokens),
             common_attn_metadata.slot_mapping[:tokens],  # the drafter's KV-cache group
-            common_attn_metadata.batch_size(),
+            requests,
         )
 
     GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
+
+
+def _context_limit(runner) -> int:
+    """The largest batch whose K = 0 steps still store the drafter's context: the largest batch
+    either schedule drafts at, plus the margin (cached on the runner; fixed for its life)."""
+    limit = getattr(runner, "dcoco_context_limit", None)
+    if limit is None:
+        greedy = runner.speculative_config.num_speculative_tokens_per_batch_size
+        sampled = sampled_schedule()
+        drafting = largest_drafting_batch(greedy) if greedy else OPEN_END  # None: K fixed
+        if sampled is not None:  # None: sampled requests follow the greedy schedule
+            drafting = max(drafting, largest_drafting_batch(sampled))
+        margin = int(os.environ.get(CONTEXT_MARGIN_ENV, CONTEXT_MARGIN))
+        limit = runner.dcoco_context_limit = drafting + margin
+    return limit
 
 
 def _verifies_drafts(metadata) -> bool:
