@@ -51,9 +51,7 @@ class ServeConfig:
     dtype: str = "auto"  # auto (--layout auto times bf16 and fp32; else bf16) | bf16 | fp32 | fp16
     num_speculative_tokens: int = 0  # the most drafts per step; 0 = the drafter's block size - 1
     draft_schedule: str = "auto"  # drafts by running requests: auto | fixed | 1:7,2-:0/1-:0
-    k0_context_margin: int = (
-        1  # K = 0 steps store the drafter's context up to largest drafting batch + this
-    )
+    k0_context_margin: int = 1  # K = 0 steps keep the drafter's context to drafting batch + this
     max_model_len: int = 2048  # longest prompt + reply vLLM accepts
     max_num_seqs: int = 0  # 0 = vLLM's default
     enforce_eager: bool = True  # no torch.compile: starts in about a minute instead of several
