@@ -261,11 +261,9 @@ def _drafter_config(config: ServeConfig) -> dict:
         )
     path, selection = resolved.path, resolved.spec.selection
     model = with_selection(path, selection) if selection else path.resolve()
-    # vLLM drops the last block of a prefix-cache hit for EAGLE-like drafters, whose K/V at a
-    # position needs the next token. A DFlash drafter's context K/V at a position comes from the
-    # target's hidden state at that position alone, so a cached block holds exactly what a
-    # recompute would write. The drop cut the bench's prefix hit rate from 36% to 7% against
-    # plain's on repeated prompts (docs/serving.md).
+    # vLLM drops a prefix-cache hit's last block for EAGLE-like drafters (their K/V needs the next
+    # token); a DFlash drafter's context K/V needs only the position's own hidden state. The drop
+    # cut the bench's hit rate to 7% against plain's 36% (docs/serving.md).
     return {
         "method": "dflash",
         "model": str(model),
