@@ -43,7 +43,7 @@ def test_k0_context_limit_follows_both_schedules(monkeypatch):
             **({draft_schedule.CONTEXT_MARGIN_ENV: margin} if margin else {}),
         }.items():
             monkeypatch.setenv(key, value)
-        vllm_sampled_drafts._schedule.cache_clear()
+        vllm_sampled_drafts.sampled_schedule.cache_clear()
         config = SimpleNamespace(num_speculative_tokens_per_batch_size=greedy)
         return vllm_no_draft._context_limit(SimpleNamespace(speculative_config=config))
 
@@ -55,7 +55,7 @@ def test_k0_context_limit_follows_both_schedules(monkeypatch):
         )
         assert limit(None) >= OPEN_END
     finally:
-        vllm_sampled_drafts._schedule.cache_clear()
+        vllm_sampled_drafts.sampled_schedule.cache_clear()
 
 
 @pytest.mark.parametrize(
@@ -168,17 +168,17 @@ def test_sampled_requests_drafts_are_trimmed_by_their_schedule(monkeypatch):
     from dcoco.serving import vllm_sampled_drafts as sampled_drafts
 
     monkeypatch.setenv(sampled_drafts.SCHEDULE_ENV, "1:2,2-:0")
-    sampled_drafts._schedule.cache_clear()
+    sampled_drafts.sampled_schedule.cache_clear()
     try:
         drafts = [[5, 6, 7], [8, 9, 10]]
         assert sampled_drafts.trim_sampled(drafts, ["a", "b"], {"b"}) == [[5, 6, 7], []]
         assert sampled_drafts.trim_sampled([[5, 6, 7]], ["b"], {"b"}) == [[5, 6]]
         assert sampled_drafts.trim_sampled(drafts, ["a", "b"], set()) == drafts
         monkeypatch.delenv(sampled_drafts.SCHEDULE_ENV)
-        sampled_drafts._schedule.cache_clear()
+        sampled_drafts.sampled_schedule.cache_clear()
         assert sampled_drafts.sampled_drafts(4) is None
     finally:
-        sampled_drafts._schedule.cache_clear()
+        sampled_drafts.sampled_schedule.cache_clear()
 
 
 def test_serve_passes_the_sampled_schedule_to_the_server_processes():

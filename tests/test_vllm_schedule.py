@@ -101,7 +101,7 @@ def test_sampled_requests_follow_their_own_schedule(monkeypatch):
 
     for key, value in {**ENV, vllm_sampled_drafts.SCHEDULE_ENV: "1-:0"}.items():
         monkeypatch.setenv(key, value)
-    vllm_sampled_drafts._schedule.cache_clear()
+    vllm_sampled_drafts.sampled_schedule.cache_clear()
     speculative = {
         "method": "dflash",
         "model": str(checkpoints_dir() / TARGET / CHECKPOINT),
@@ -116,7 +116,7 @@ def test_sampled_requests_follow_their_own_schedule(monkeypatch):
         _generate(speculative, (1.0,) * len(PROMPTS))
         sampled_only = vllm_no_draft.STEPS["context_only"] - sampled_only
     finally:
-        vllm_sampled_drafts._schedule.cache_clear()
+        vllm_sampled_drafts.sampled_schedule.cache_clear()
     assert [mixed[0], mixed[2]] == [plain[0], plain[2]]
     assert vllm_no_draft.STEPS["context_only"] - before["context_only"] >= sampled_only > 0
 

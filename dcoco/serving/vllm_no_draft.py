@@ -29,13 +29,14 @@ rejected, so the context is exactly the step's scheduled tokens: `install()` als
 the positions and KV slots the target used (the drafter shares the target's block table).
 
 Storing the context costs ~0.9 ms a step at 8 requests on the 2-core Xeon (3% of a plain step,
-timed once; docs/serving.md),
-and at high load the schedule may not draft again before a request ends. So a K = 0 step with
-more requests than any schedule drafts at, plus CONTEXT_MARGIN (`dcoco serve
---k0-context-margin`), stores nothing. A request that drafts again later finds stale K/V at the
-positions it skipped: 16 requests at K = 0, then two drafting (K = 7) after 48 skipped positions
-and their prompts, τ 2.46 against 2.65 with the context stored
-(scripts/reproduce/vllm_context_skip.py). Output is never affected.
+timed once; docs/serving.md), and at high load the schedule may not draft again before a request
+ends. So a K = 0 step with more requests than any schedule drafts at, plus CONTEXT_MARGIN
+(`dcoco serve --k0-context-margin`), stores nothing. A request that drafts again later finds stale
+K/V at the positions it skipped: 16 requests at K = 0, then two drafting (K = 7) after 48 skipped
+positions and their prompts, τ 2.46 against 2.65 with the context stored
+(scripts/reproduce/vllm_context_skip.py). Blocks filled during such steps can enter vLLM's prefix
+cache with that stale drafter K/V, so a later request hitting them drafts worse too. Output is
+never affected.
 
 After a step scheduled with K = 0 the engine still asks the worker for its drafts, a round trip
 between processes each step; there are none, and the scheduler has already cleared every

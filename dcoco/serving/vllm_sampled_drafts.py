@@ -24,19 +24,15 @@ _installed = False
 
 
 @cache
-def _schedule() -> list[tuple[int, int, int]] | None:
+def sampled_schedule() -> list[tuple[int, int, int]] | None:
+    """The schedule for sampled requests from the server's environment; None: as greedy ones."""
     text = os.environ.get(SCHEDULE_ENV, "")
     return parse(text, max_k=OPEN_END) if text else None
 
 
-def sampled_schedule() -> list[tuple[int, int, int]] | None:
-    """The schedule for sampled requests from the server's environment; None: as greedy ones."""
-    return _schedule()
-
-
 def sampled_drafts(batch_size: int) -> int | None:
     """The most drafts a sampled request gets in a step of `batch_size` requests; None: no limit."""
-    schedule = _schedule()
+    schedule = sampled_schedule()
     return None if schedule is None else k_at(schedule, batch_size)
 
 
