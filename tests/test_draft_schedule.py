@@ -29,12 +29,13 @@ def test_largest_drafting_batch():
 
 def test_k0_context_limit_follows_both_schedules(monkeypatch):
     """The runner shortcut stores the drafter's context up to the largest batch either schedule
-    drafts at plus the margin; with no per-batch schedule it always stores it."""
+    drafts at plus the margin (steps of sampled requests only: the sampled schedule's, none if it
+    never drafts); with no per-batch schedule it always stores it."""
     from types import SimpleNamespace
 
     from dcoco.serving import vllm_no_draft, vllm_sampled_drafts
 
-    def limit(greedy, sampled=None, margin=None):
+    def limit(greedy, sampled=None, margin=None, all_sampled=False):
         env = {draft_schedule.SCHEDULE_ENV: sampled} if sampled else {}
         monkeypatch.delenv(draft_schedule.SCHEDULE_ENV, raising=False)
         monkeypatch.delenv(draft_schedule.CONTEXT_MARGIN_ENV, raising=False)
@@ -45,7 +46,8 @@ def test_k0_context_limit_follows_both_schedules(monkeypatch):
             monkeypatch.setenv(key, value)
         vllm_sampled_drafts.sampled_schedule.cache_clear()
         config = SimpleNamespace(num_speculative_tokens_per_batch_size=greedy)
-        return vllm_no_draft._context_limit(SimpleNamespace(speculative_config=config))
+        runner = SimpleNamespace(speculative_config=config)
+        return vllm_no_draft._context_limit(runner, all_sampled)
 
     try:
         assert limit([[1, 2, 7], [3, OPEN_END, 0]]) == 2 + vllm_no_draft.CONTEXT_MARGIN
@@ -54,6 +56,9 @@ def test_k0_context_limit_follows_both_schedules(monkeypatch):
             limit([[1, 1, 7], [2, OPEN_END, 0]], sampled="1-:0") == 1 + vllm_no_draft.CONTEXT_MARGIN
         )
         assert limit(None) >= OPEN_END
+        assert limit([[1, 1, 7], [2, OPEN_END, 0]], sampled="1-:0", all_sampled=True) == 0
+        assert limit([[1, 4, 7], [5, OPEN_END, 0]], sampled="1-2:1,3-:0", all_sampled=True) == 3
+        assert limit([[1, 2, 7], [3, OPEN_END, 0]], all_sampled=True) == 2 + 1  # as greedy
     finally:
         vllm_sampled_drafts.sampled_schedule.cache_clear()
 
@@ -156,6 +161,29 @@ def test_measured_schedule_is_cached(tmp_path, monkeypatch):
     assert record["tokens_per_s"]["0"]["3"]["1"] == 60.0
 
 
+def test_schedule_prompts_replace_the_probes_and_key_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DCOCO_CACHE_DIR", str(tmp_path))
+    requests = []
+
+    def fake_probe(python, request, threads):
+        requests.append(request)
+        rates = {"0": {"0": {"1": 30.0}, "1": {"1": 40.0}}, "1": {"0": {"1": 30.0}}}
+        return {"vllm": "0.32.0", "rates": rates}
+
+    monkeypatch.setattr(draft_schedule, "_run_probe", fake_probe)
+    traffic = tmp_path / "traffic.jsonl"
+    record = {"category": "chat", "turns": ["Plan a picnic.", "And if it rains?"]}
+    traffic.write_text(json.dumps(record) + "\n")
+    probe = {"speculative": {"method": "dflash", "num_speculative_tokens": 1}}
+    assert draft_schedule.for_server("python", probe, "all-cores") == "1-:1/1-:0"
+    draft_schedule.for_server("python", probe, "all-cores", str(traffic))
+    draft_schedule.for_server("python", probe, "all-cores", str(traffic))  # cached
+    assert len(requests) == 2 and "prompts" not in requests[0]
+    assert requests[1]["prompts"] == ["Plan a picnic."]
+    with pytest.raises(DcocoError, match="schedule prompts file not found"):
+        draft_schedule.for_server("python", probe, "all-cores", str(tmp_path / "missing.jsonl"))
+
+
 def test_sampled_schedule_never_drafts_more_than_the_greedy_one():
     from dcoco.serving.draft_schedule import at_most, parse_pair
 
@@ -177,6 +205,28 @@ def test_sampled_requests_drafts_are_trimmed_by_their_schedule(monkeypatch):
         monkeypatch.delenv(sampled_drafts.SCHEDULE_ENV)
         sampled_drafts.sampled_schedule.cache_clear()
         assert sampled_drafts.sampled_drafts(4) is None
+    finally:
+        sampled_drafts.sampled_schedule.cache_clear()
+
+
+def test_scheduler_asks_sampled_steps_for_the_sampled_schedules_k(monkeypatch):
+    from types import SimpleNamespace
+
+    from dcoco.serving import vllm_sampled_drafts as sampled_drafts
+
+    def request(temperature):
+        return SimpleNamespace(sampling_params=SimpleNamespace(temperature=temperature))
+
+    monkeypatch.setenv(sampled_drafts.SCHEDULE_ENV, "1:2,2-:0")
+    sampled_drafts.sampled_schedule.cache_clear()
+    try:
+        scheduler = SimpleNamespace(running=[request(1.0)])
+        lookup = sampled_drafts.SampledAwareLookup([0, 7, 3, 0], scheduler)
+        assert lookup[1] == 2 and lookup[2] == 0 and lookup[3] == 0
+        scheduler.running = [request(1.0), request(0.0)]  # replaced, as vLLM's scheduler does
+        assert lookup[1] == 7 and lookup[2] == 3
+        scheduler.running = [SimpleNamespace(sampling_params=None)]  # pooling: not sampled
+        assert lookup[2] == 3
     finally:
         sampled_drafts.sampled_schedule.cache_clear()
 

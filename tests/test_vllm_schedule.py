@@ -95,7 +95,8 @@ def test_schedule_down_to_no_drafts_keeps_greedy_output_and_skips_the_drafter(mo
 @pytest.mark.vllm
 def test_sampled_requests_follow_their_own_schedule(monkeypatch):
     """With the sampled schedule at 0, a batch of only sampled requests never runs the drafter's
-    pass, and greedy requests beside sampled ones keep plain vLLM's output."""
+    pass (with a greedy batch-size schedule the scheduler asks them for no drafts and their
+    context is not stored), and greedy requests beside sampled ones keep plain vLLM's output."""
     pytest.importorskip("vllm")
     from dcoco.serving import vllm_no_draft, vllm_sampled_drafts
 
@@ -115,10 +116,16 @@ def test_sampled_requests_follow_their_own_schedule(monkeypatch):
         sampled_only = vllm_no_draft.STEPS["context_only"]
         _generate(speculative, (1.0,) * len(PROMPTS))
         sampled_only = vllm_no_draft.STEPS["context_only"] - sampled_only
+        scheduled = {**speculative, "num_speculative_tokens_per_batch_size": SCHEDULE}
+        before_scheduled = dict(vllm_no_draft.STEPS)
+        _generate(scheduled, (1.0,) * len(PROMPTS))
+        steps = {key: vllm_no_draft.STEPS[key] - before_scheduled[key] for key in before}
     finally:
         vllm_sampled_drafts.sampled_schedule.cache_clear()
     assert [mixed[0], mixed[2]] == [plain[0], plain[2]]
     assert vllm_no_draft.STEPS["context_only"] - before["context_only"] >= sampled_only > 0
+    assert steps["context_only"] == 0 and steps["draft_calls_skipped"] > 0
+    assert steps["context_skipped"] == steps["runner_context_only"] > 0
 
 
 @pytest.mark.vllm

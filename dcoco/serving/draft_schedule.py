@@ -144,16 +144,33 @@ def _merged(schedule: Schedule) -> Schedule:
     return out
 
 
-def for_server(python: str, probe: dict, layout: str) -> str:
+def for_server(python: str, probe: dict, layout: str, prompts_file: str = "") -> str:
     """The `GREEDY/SAMPLED` schedule measured for a server with process `layout` (the worker gets
-    every core with `all-cores`, all but one otherwise)."""
+    every core with `all-cores`, all but one otherwise), timed on the first turns of
+    `prompts_file` (suite records, as `dcoco bench-serve --prompts` reads) or the probe's own."""
     from dcoco.decode.cost_curve import machine_fingerprint
 
     cores = len(os.sched_getaffinity(0))
     threads = cores if layout == "all-cores" else max(1, cores - 1)
     key = {**machine_fingerprint(), "probe": probe, "layout": layout, "threads": threads}
+    if prompts_file:
+        probe = {**probe, "prompts": probe_prompts(prompts_file)}
+        key["prompts"] = hashlib.sha256(json.dumps(probe["prompts"]).encode()).hexdigest()[:16]
     text, _ = measured(python, probe, key, threads)
     return text
+
+
+def probe_prompts(prompts_file: str) -> list[str]:
+    """The first turns of a JSONL of suite records, for the probe's queue."""
+    from dcoco.eval.suites import read_suite_file
+
+    file = Path(prompts_file)
+    if not file.is_file():
+        raise DcocoError(f"schedule prompts file not found: {prompts_file}")
+    texts = [prompt.turns[0] for prompt in read_suite_file(file, default_suite=file.stem)]
+    if not texts:
+        raise DcocoError(f"{prompts_file} holds no prompts")
+    return texts
 
 
 def sampled_env(text: str) -> dict[str, str]:

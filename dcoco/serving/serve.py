@@ -51,6 +51,7 @@ class ServeConfig:
     dtype: str = "auto"  # auto (--layout auto times bf16 and fp32; else bf16) | bf16 | fp32 | fp16
     num_speculative_tokens: int = 0  # the most drafts per step; 0 = the drafter's block size - 1
     draft_schedule: str = "auto"  # drafts by running requests: auto | fixed | 1:7,2-:0/1-:0
+    schedule_prompts: str = ""  # JSONL of suite records the auto schedule is timed on; empty: ours
     k0_context_margin: int = 1  # K = 0 steps keep the drafter's context to drafting batch + this
     max_model_len: int = 2048  # longest prompt + reply vLLM accepts
     max_num_seqs: int = 0  # 0 = vLLM's default
@@ -167,13 +168,12 @@ def _measured_schedule(config: ServeConfig, layout: str) -> str:
         "max_model_len": config.max_model_len,
         "kv_cache_bytes": int(config.kv_cache_gib * (1 << 30)),
     }
-    text = for_server(paths.find_vllm_python(config.python), probe, layout)
+    text = for_server(paths.find_vllm_python(config.python), probe, layout, config.schedule_prompts)
     print(f"dcoco: draft schedule (requests:drafts, greedy/sampled) {text}", file=sys.stderr)
     return text
 
 
-def target_name(spec: str) -> str:
-    """The name checkpoints are filed under: the embedded name, else the directory's name."""
+def target_name(spec: str) -> str:  # checkpoints are filed under the embedded or directory name
     return spec if spec in EMBEDDED_TARGETS else Path(spec).expanduser().name
 
 

@@ -152,7 +152,7 @@ def _runner_context_only() -> None:
             )  # fmt: skip
         STEPS["runner_context_only"] += 1
         requests = common_attn_metadata.batch_size()
-        if requests > _context_limit(self):
+        if requests > _context_limit(self, sampling_metadata.all_random):
             STEPS["context_skipped"] += 1
             return torch.empty(requests, 0, dtype=torch.int64, device=self.device)
         tokens = scheduler_output.total_num_scheduled_tokens
@@ -168,19 +168,25 @@ def _runner_context_only() -> None:
     GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
 
 
-def _context_limit(runner) -> int:
+def _context_limit(runner, all_sampled: bool) -> int:
     """The largest batch whose K = 0 steps still store the drafter's context: the largest batch
-    either schedule drafts at, plus the margin (cached on the runner; fixed for its life)."""
-    limit = getattr(runner, "dcoco_context_limit", None)
-    if limit is None:
+    either schedule drafts at, plus the margin; for a step of sampled requests only, the largest
+    the sampled schedule drafts at plus the margin, or 0 if it never drafts (their context is
+    never read). Cached on the runner; fixed for its life."""
+    limits = getattr(runner, "dcoco_context_limit", None)
+    if limits is None:
         greedy = runner.speculative_config.num_speculative_tokens_per_batch_size
         sampled = sampled_schedule()
-        drafting = largest_drafting_batch(greedy) if greedy else OPEN_END  # None: K fixed
-        if sampled is not None:  # None: sampled requests follow the greedy schedule
-            drafting = max(drafting, largest_drafting_batch(sampled))
         margin = int(os.environ.get(CONTEXT_MARGIN_ENV, CONTEXT_MARGIN))
-        limit = runner.dcoco_context_limit = drafting + margin
-    return limit
+        drafting = largest_drafting_batch(greedy) if greedy else OPEN_END  # None: K fixed
+        if sampled is None:  # sampled requests follow the greedy schedule
+            limits = (drafting + margin,) * 2
+        else:
+            sampled_drafting = largest_drafting_batch(sampled)
+            sampled_limit = sampled_drafting + margin if sampled_drafting else 0
+            limits = (max(drafting, sampled_drafting) + margin, sampled_limit)
+        runner.dcoco_context_limit = limits
+    return limits[all_sampled]
 
 
 def _verifies_drafts(metadata) -> bool:

@@ -9,7 +9,10 @@ every request of a step. `dcoco serve` measures a second schedule at T = 1
 - trims each sampled request's drafts to that schedule's K before the scheduler reads them (the
   runner's `_get_draft_token_ids_cpu`), so its verify holds fewer rows;
 - lets the proposer skip the drafter's pass when every request of the step is sampled and their
-  K is 0 (dcoco.serving.vllm_no_draft reads `sampled_drafts`).
+  K is 0 (dcoco.serving.vllm_no_draft reads `sampled_drafts`);
+- has the scheduler ask for the sampled schedule's K when every running request is sampled, so a
+  step of sampled requests at K = 0 takes the shortcuts of a step without drafts (no draft
+  bookkeeping, plain sampling, no draft call) instead of asking for drafts trimmed away later.
 Fewer drafts change the speed, never the output.
 """
 
@@ -21,6 +24,7 @@ from functools import cache
 from dcoco.serving.draft_schedule import OPEN_END, SCHEDULE_ENV, k_at, parse
 
 _installed = False
+GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a request at a lower temperature is greedy
 
 
 @cache
@@ -44,11 +48,33 @@ def trim_sampled(drafts: list[list[int]], req_ids: list[str], sampled: set[str])
     return [d[:limit] if r in sampled else d for d, r in zip(drafts, req_ids, strict=True)]
 
 
+class SampledAwareLookup(list):
+    """vLLM's scheduler's dense batch size -> K table (`dynamic_sd_lookup`, read once a step): a
+    step whose running requests are all sampled gets the sampled schedule's K."""
+
+    def __init__(self, dense: list[int], scheduler):
+        super().__init__(dense)
+        self.scheduler = scheduler  # its `running` list is replaced over time: read it each step
+
+    def __getitem__(self, batch_size):
+        k = super().__getitem__(batch_size)
+        if k == 0 or any(not _sampled(r) for r in self.scheduler.running):
+            return k
+        return min(k, sampled_drafts(batch_size))
+
+
+def _sampled(request) -> bool:
+    params = request.sampling_params  # None for pooling requests
+    return params is not None and params.temperature >= GREEDY_BELOW
+
+
 def install() -> None:
-    """Wrap the model runner's `_get_draft_token_ids_cpu` (once per process)."""
+    """Wrap the model runner's `_get_draft_token_ids_cpu` and the scheduler's K lookup (once per
+    process)."""
     global _installed
     if _installed:
         return
+    from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     original = GPUModelRunner._get_draft_token_ids_cpu
@@ -58,4 +84,12 @@ def install() -> None:
         return trim_sampled(drafts, req_ids, self.input_batch.random_reqs), req_ids
 
     GPUModelRunner._get_draft_token_ids_cpu = _get_draft_token_ids_cpu
+    scheduler_init = Scheduler.__init__
+
+    def __init__(self, *args, **kwargs):
+        scheduler_init(self, *args, **kwargs)
+        if self.dynamic_sd_lookup is not None and sampled_schedule() is not None:
+            self.dynamic_sd_lookup = SampledAwareLookup(self.dynamic_sd_lookup, self)
+
+    Scheduler.__init__ = __init__
     _installed = True

@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 
 # Our own prompts (no benchmark suite's): code, arithmetic, explanation and chat, so the probe's
-# acceptance is a mix like a server's.
+# acceptance is a mix like a server's. `dcoco serve --schedule-prompts` replaces them with a
+# sample of the server's own traffic: how often drafts are accepted decides where drafting pays.
 PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number.",
     "What is 17 times 23? Show the steps.",
@@ -102,7 +103,7 @@ def _one_engine(request: dict, k: int, temperatures: list[str]) -> dict[str, dic
                 tokenize=True,
                 return_dict=False,  # token ids, not transformers 5's BatchEncoding
             )
-            for p in PROMPTS
+            for p in request.get("prompts") or PROMPTS
         ]
         _time_batches(llm, {**request, "batches": [2], "min_tokens": 0}, prompts, 0.0)  # warm-up
         return {t: _time_batches(llm, request, prompts, float(t)) for t in temperatures}

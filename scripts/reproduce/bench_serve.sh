@@ -4,10 +4,12 @@
 # on the machine), then `dcoco bench-serve` loads it; a final --compare writes summary.md and one
 # figure for all methods. Drafter methods use the checkpoints shipped in checkpoints/<target>/,
 # up to their block's 7 drafts with the draft schedule measured on this machine
-# (--draft-schedule auto); vLLM's own ngram runs as vLLM ships it (7 drafts at every load).
+# (--draft-schedule auto), timed on held-out prompts of the same suites (10 per suite outside the
+# bench's sample; SCHEDULE_PROMPTS=ours: the probe's own prompts); vLLM's own ngram runs as vLLM
+# ships it (7 drafts at every load).
 #
 # Usage: scripts/reproduce/bench_serve.sh   (env: METHODS, OUT, LIMIT, MAX_TOKENS, CONC, TEMPS,
-#                                            SCHEDULE, ROUNDS, PORT, SERVE_FLAGS)
+#                                            SCHEDULE, SCHEDULE_PROMPTS, ROUNDS, PORT, SERVE_FLAGS)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 make -s venv
@@ -18,12 +20,20 @@ MAX_TOKENS=${MAX_TOKENS:-128}
 CONC=${CONC:-1,4,8,16,32}
 TEMPS=${TEMPS:-0,1}
 SCHEDULE=${SCHEDULE:-auto}   # --draft-schedule of the drafter methods (auto | fixed | 1:7,2-:0)
+SCHEDULE_PROMPTS=${SCHEDULE_PROMPTS:-held-out}  # held-out | ours | a JSONL of suite records
 ROUNDS=${ROUNDS:-2}          # requests per level: max(prompts, ROUNDS x concurrency)
 PORT=${PORT:-8011}
 SERVE_FLAGS=${SERVE_FLAGS:-}  # more `dcoco serve` flags for every method, e.g. --layout all-cores
 LOGS=${LOGS:-runs/serve-logs}
 make -s venv-vllm
 mkdir -p "$OUT" "$LOGS"
+case $SCHEDULE_PROMPTS in
+  ours) timing=() ;;
+  held-out)
+    .venv/bin/python scripts/reproduce/schedule_prompts.py "$LOGS/schedule-prompts.jsonl" "$LIMIT"
+    timing=(--schedule-prompts "$LOGS/schedule-prompts.jsonl") ;;
+  *) timing=(--schedule-prompts "$SCHEDULE_PROMPTS") ;;
+esac
 # Intel OpenMP for the vLLM worker: vLLM warns that speculative decoding on CPU is slow without it.
 export LD_PRELOAD="${DCOCO_VLLM_VENV:-$PWD/.venv-vllm}/lib/libiomp5.so"
 files=()
@@ -33,7 +43,7 @@ for method in $METHODS; do
   case $method in
     plain) ;;
     ngram) extra=(--draft-schedule fixed) ;;
-    *) extra=(--draft-schedule "$SCHEDULE") ;;
+    *) extra=(--draft-schedule "$SCHEDULE" "${timing[@]}") ;;
   esac
   # shellcheck disable=SC2086  # SERVE_FLAGS is a list of flags
   .venv/bin/dcoco serve --method "$method" --port "$PORT" "${extra[@]}" $SERVE_FLAGS \
