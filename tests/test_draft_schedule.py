@@ -138,6 +138,24 @@ def test_serve_refuses_a_bad_schedule_with_one_line(capsys):
     assert "K in 0..7" in capsys.readouterr().err
 
 
+def _summary(rates: dict, acceptance: dict) -> dict:
+    """A probe summary whose step times give `rates` at the acceptance `acceptance`."""
+    step_s = {
+        t: {
+            k: {b: int(b) * (1 + sum(acceptance[t][: int(k)])) / r for b, r in cells.items()}
+            for k, cells in by_k.items()
+        }  # fmt: skip
+        for t, by_k in rates.items()
+    }
+    return {"vllm": "0.32.0", "rates": rates, "step_s": step_s, "acceptance": acceptance}
+
+
+def test_predicted_rates_are_batch_times_tau_over_step_time():
+    step_s = {"0": {"1": 0.02, "4": 0.05}, "2": {"1": 0.025, "4": 0.08}}
+    predicted = draft_schedule.predicted_rates(step_s, [0.8, 0.5, 0.3])
+    assert predicted == {"0": {"1": 50.0, "4": 80.0}, "2": {"1": 92.0, "4": 115.0}}
+
+
 def test_measured_schedule_is_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("DCOCO_CACHE_DIR", str(tmp_path))
     calls = []
@@ -146,7 +164,7 @@ def test_measured_schedule_is_cached(tmp_path, monkeypatch):
         calls.append(request)
         greedy = {"0": {"1": 30.0, "2": 60.0, "4": 100.0}, "3": {"1": 60.0, "2": 55.0, "4": 50.0}}
         sampled = {"0": {"1": 30.0, "2": 60.0}, "1": {"1": 40.0, "2": 50.0}}
-        return {"vllm": "0.32.0", "rates": {"0": greedy, "1": sampled}}
+        return _summary({"0": greedy, "1": sampled}, {"0": [0.5, 0.3, 0.2], "1": [0.6, 0.2]})
 
     monkeypatch.setattr(draft_schedule, "_run_probe", fake_probe)
     probe = {"speculative": {"method": "dflash", "num_speculative_tokens": 3}}
@@ -159,6 +177,8 @@ def test_measured_schedule_is_cached(tmp_path, monkeypatch):
     assert len(calls) == 2
     assert calls[0]["draft_lengths"] == {"0": [0, 1, 2, 3], "1": [0, 1, 3]}
     assert record["tokens_per_s"]["0"]["3"]["1"] == 60.0
+    assert record["acceptance"]["0"] == [0.5, 0.3, 0.2] and "step_s" in record
+    assert calls[0]["calibration"]["max_tokens"] == draft_schedule.CALIBRATION_TOKENS
 
 
 def test_schedule_prompts_replace_the_probes_and_key_the_cache(tmp_path, monkeypatch):
@@ -168,7 +188,7 @@ def test_schedule_prompts_replace_the_probes_and_key_the_cache(tmp_path, monkeyp
     def fake_probe(python, request, threads):
         requests.append(request)
         rates = {"0": {"0": {"1": 30.0}, "1": {"1": 40.0}}, "1": {"0": {"1": 30.0}}}
-        return {"vllm": "0.32.0", "rates": rates}
+        return _summary(rates, {"0": [0.6], "1": [0.1]})
 
     monkeypatch.setattr(draft_schedule, "_run_probe", fake_probe)
     traffic = tmp_path / "traffic.jsonl"
@@ -285,11 +305,12 @@ def test_probe_queue_keeps_the_batch_full_and_counts_tokens_after_the_first_comp
     # even-numbered requests emit 4 tokens a step, odd ones 1: a batch started together would
     # end with the slow ones running alone; the queue refills every finished slot at once
     engine = _FakeEngine(length=8, per_step={0: 4, 1: 1})
-    rate = queue_rate(engine, lambda i: (i, None), batch=3, tokens=60)
-    assert rate > 0
+    rate, step = queue_rate(engine, lambda i: (i, None), batch=3, tokens=60)
+    assert rate > 0 and step > 0
     assert set(engine.sizes) == {3}  # never fewer than 3 running, never more
     assert len(engine.aborted) == 3 and not engine.running  # the leftovers are cleaned up
     # timed from the step after the first completion (step 2) to the first step that brings
     # the count to 60; the abort's drain adds no steps here (it removes everything at once)
     timed = engine.emitted[2:]
     assert sum(timed[:-1]) < 60 <= sum(timed)
+    assert rate * step == pytest.approx(sum(timed) / len(timed))  # tokens a step, timed steps

@@ -131,7 +131,8 @@ def test_sampled_requests_follow_their_own_schedule(monkeypatch):
 @pytest.mark.vllm
 def test_schedule_probe_times_every_cell_through_its_queue(monkeypatch):
     """The probe (dcoco.serving.vllm_schedule_probe) on a real engine, at a small scale: every
-    (T, K, batch) cell gets a rate, and each cell's queue is drained before the next."""
+    (T, K, batch) cell gets a rate and a step time, each cell's queue is drained before the
+    next, and the longest K's engine measures the draft positions' acceptance at both T."""
     pytest.importorskip("vllm")
     from dcoco.models.loading import resolve_target
     from dcoco.serving import vllm_schedule_probe
@@ -154,6 +155,7 @@ def test_schedule_probe_times_every_cell_through_its_queue(monkeypatch):
         "max_tokens": 8,
         "min_tokens": 16,
         "queue_rounds": 1,
+        "calibration": {"max_tokens": 16, "batch": 2, "min_tokens": 32},
     }
     summary = vllm_schedule_probe.measure(request)
     rates = summary["rates"]
@@ -161,6 +163,14 @@ def test_schedule_probe_times_every_cell_through_its_queue(monkeypatch):
     cells = [*rates["0"]["0"].values(), *rates["0"]["3"].values(), *rates["1"]["0"].values()]
     assert set(rates["0"]["3"]) == {"1", "3"} and set(rates["1"]["0"]) == {"2"}
     assert all(rate > 0 for rate in cells)
+    steps = summary["step_s"]
+    assert set(steps["0"]["3"]) == {"1", "3"} and all(s > 0 for s in steps["1"]["0"].values())
+    # how often each of the 3 draft positions was accepted, at T = 0 and T = 1: rates that fall
+    # along the block (a position is reached only through the ones before it)
+    for temperature in ("0", "1"):
+        acceptance = summary["acceptance"][temperature]
+        assert len(acceptance) == 3 and 1 >= acceptance[0] >= acceptance[1] >= acceptance[2] >= 0
+    assert summary["acceptance"]["0"][0] > 0.2  # the shipped drafter, greedy
 
 
 @pytest.mark.vllm

@@ -10,11 +10,12 @@ Sampled requests are accepted less often, so they get a schedule of their own, w
 applies per request (dcoco.serving.vllm_sampled_drafts); it never drafts more than the greedy one.
 
 `dcoco serve --draft-schedule` takes
-- `auto` (the default): measured once per machine, method and precision
-  (dcoco.serving.vllm_schedule_probe: tokens/s of every (T, K, batch size) cell, greedy at T = 0,
-  sampled at T = 1) and cached under `$DCOCO_CACHE_DIR/serve-schedules/`; each measured batch
-  size gets the shortest K within TOLERANCE of its fastest, a size between two measured ones the
-  smaller of their K;
+- `auto` (the default): measured once per machine, method, precision and prompts
+  (dcoco.serving.vllm_schedule_probe: the time of a step at every (T, K, batch size), greedy at
+  T = 0, sampled at T = 1, and how often each draft position is accepted on the prompts) and
+  cached under `$DCOCO_CACHE_DIR/serve-schedules/`; each measured batch size gets the shortest K
+  whose predicted tokens/s (batch x τ(K) / step time) is within TOLERANCE of its fastest, a size
+  between two measured ones the smaller of their K;
 - `fixed`: vLLM's own behaviour, `--num-speculative-tokens` at every load;
 - a schedule written out, `GREEDY[/SAMPLED]`: `1:7,2-3:5,4-7:3,8-:0/1:2,2-:0` (batch sizes: K;
   the last range may stay open; without `/SAMPLED` sampled requests follow the greedy one).
@@ -42,7 +43,10 @@ PROBE_SAMPLED_BATCHES = (1, 2, 4)  # beyond these the greedy schedule already dr
 PROBE_TOKENS = 48  # tokens per request in the probe's queue
 PROBE_MIN_TOKENS = 256  # a timed cell runs until its requests have produced at least this many,
 PROBE_QUEUE_ROUNDS = 2  # and at least this many times batch size x PROBE_TOKENS
-PROBE_VERSION = 3  # bump when the probe measures differently: cached schedules are redone
+# How often each draft position is accepted: requests of up to CALIBRATION_TOKENS tokens, replies
+# to their end, CALIBRATION_BATCH in flight, until they have produced CALIBRATION_MIN_TOKENS.
+CALIBRATION_TOKENS, CALIBRATION_BATCH, CALIBRATION_MIN_TOKENS = 128, 4, 2048
+PROBE_VERSION = 4  # bump when the probe measures differently: cached schedules are redone
 
 # carries the sampled schedule to the plugin in vLLM's processes (dcoco.serving.vllm_sampled_drafts)
 SCHEDULE_ENV = "DCOCO_SAMPLED_DRAFT_SCHEDULE"  # e.g. `1:2,2-:0`; unset: sampled = greedy
@@ -205,15 +209,39 @@ def measured(python: str, probe: dict, key: dict, threads: int) -> tuple[str, di
         "max_tokens": PROBE_TOKENS,
         "min_tokens": PROBE_MIN_TOKENS,
         "queue_rounds": PROBE_QUEUE_ROUNDS,
+        "calibration": {
+            "max_tokens": CALIBRATION_TOKENS,
+            "batch": CALIBRATION_BATCH,
+            "min_tokens": CALIBRATION_MIN_TOKENS,
+        },
     }
     print("dcoco: measuring the draft schedule (once per machine and method)", file=sys.stderr)
     summary = _run_probe(python, request, threads)
-    greedy, sampled = (choose(_by_batch(summary["rates"][t])) for t in ("0", "1"))
+    rates = {t: predicted_rates(summary["step_s"][t], summary["acceptance"][t]) for t in ("0", "1")}
+    greedy, sampled = (choose(_by_batch(rates[t])) for t in ("0", "1"))
     schedule = f"{format_schedule(greedy)}/{format_schedule(at_most(sampled, greedy))}"
-    record = {"schedule": schedule, "tokens_per_s": summary["rates"], "key": record_key}
+    record = {
+        "schedule": schedule,
+        "tokens_per_s": rates,  # b x tau(K) / step(b, K), what the schedule was chosen from
+        "measured_tokens_per_s": summary["rates"],  # at the probe's own acceptance
+        "step_s": summary["step_s"],
+        "acceptance": summary["acceptance"],
+        "key": record_key,
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1))
     return schedule, record
+
+
+def predicted_rates(
+    step_s: dict[str, dict[str, float]], acceptance: list[float]
+) -> dict[str, dict[str, float]]:
+    """{K: {batch: tokens/s}} = batch x tau(K) / step(batch, K), tau(K) = 1 + the acceptance
+    rates of the first K draft positions."""
+    return {
+        k: {b: round(int(b) * (1 + sum(acceptance[: int(k)])) / s, 2) for b, s in by_batch.items()}
+        for k, by_batch in step_s.items()
+    }
 
 
 def _by_batch(rates: dict[str, dict[str, float]]) -> dict[int, dict[int, float]]:

@@ -1,17 +1,26 @@
 """The vLLM side of `dcoco serve --draft-schedule auto`, run by the vLLM interpreter:
 `python -m dcoco.serving.vllm_schedule_probe REQUEST.json`.
 
-For each draft length K of the request, one offline vLLM engine (this process, so the numbers
-are the worker's alone) serves the method with every batch size scheduled at K, and times each
-batch size b the way a loaded server runs it: a queue keeps b chat requests in flight (greedy at
-T = 0, sampled at T = 1, a fixed seed per request), each running `max_tokens` tokens with EOS
-ignored, and a finished request is replaced at once. A batch of b requests started together
-would instead wait for its slowest request at ever smaller sizes, which under-rates drafting
-(a request that accepts less keeps running alone). The clock starts when the first request
-finishes (the queue is staggered from then on) and stops once the requests have produced
-max(`min_tokens`, `queue_rounds` x b x `max_tokens`) more tokens. The tokens/s of every
-(T, K, batch) cell goes to the request's `summary` file as JSON (vLLM's logging shares stdout).
-dcoco.serving.draft_schedule turns the grids into schedules.
+A served method's speed at K drafts and b running requests is b x τ(K) / step(b, K): what a step
+costs, which depends on the machine and the method, times how many tokens it yields, which
+depends on the traffic. The probe measures the two apart (version 4), since a short timed run
+measures their product noisily and at the probe's own acceptance:
+- **step(b, K)**: for each draft length K of the request, one offline vLLM engine (this process,
+  so the numbers are the worker's alone) serves the method with every batch size scheduled at K,
+  and times each batch size b the way a loaded server runs it: a queue keeps b chat requests in
+  flight (greedy at T = 0, sampled at T = 1, a fixed seed per request), each running
+  `max_tokens` tokens with EOS ignored, and a finished request is replaced at once (a batch
+  started together would wait for its slowest request at ever smaller sizes). The clock starts
+  when the first request finishes and stops once the requests have produced
+  max(`min_tokens`, `queue_rounds` x b x `max_tokens`) more tokens; step(b, K) is the time over
+  the engine steps taken. Each cell's tokens/s is kept too.
+- **τ(K)**: in the engine with the longest K, `calibration` requests (replies to their end, up to
+  its `max_tokens`) at T = 0 and T = 1 give how often each draft position is accepted; a block
+  drafter's first K drafts do not depend on how many more it drafts, so τ(K) = 1 + the sum of the
+  first K positions' rates.
+The prompts are the request's (`dcoco serve --schedule-prompts`) or ours. The measurements go to
+the request's `summary` file as JSON (vLLM's logging shares stdout); dcoco.serving.draft_schedule
+turns them into schedules.
 """
 
 from __future__ import annotations
@@ -64,19 +73,25 @@ _REQUEST_IDS = itertools.count()  # unique across cells: vLLM keys requests by i
 
 
 def measure(request: dict) -> dict:
-    """tokens/s per temperature, draft length and batch size: {"rates": {T: {K: {batch: r}}}}."""
+    """Per temperature T, draft length K and batch size b: {"rates": {T: {K: {b: tokens/s}}},
+    "step_s": {T: {K: {b: seconds a step}}}, "acceptance": {T: [rate of draft position 1, ...]}}."""
     import vllm
 
-    rates: dict[str, dict[str, dict[str, float]]] = {}
-    for k in sorted({k for ks in request["draft_lengths"].values() for k in ks}):
+    summary: dict = {"vllm": vllm.__version__, "rates": {}, "step_s": {}, "acceptance": {}}
+    lengths = sorted({k for ks in request["draft_lengths"].values() for k in ks})
+    for k in lengths:
         temperatures = [t for t, ks in request["draft_lengths"].items() if k in ks]
-        for temperature, cells in _one_engine(request, k, temperatures).items():
-            rates.setdefault(temperature, {})[str(k)] = cells
-            print(f"dcoco: T={temperature} K={k}: {cells}", file=sys.stderr, flush=True)
-    return {"vllm": vllm.__version__, "rates": rates}
+        calibrate = list(request["draft_lengths"]) if k == lengths[-1] else []
+        cells, acceptance = _one_engine(request, k, temperatures, calibrate)
+        for temperature, (rates, step_s) in cells.items():
+            summary["rates"].setdefault(temperature, {})[str(k)] = rates
+            summary["step_s"].setdefault(temperature, {})[str(k)] = step_s
+            print(f"dcoco: T={temperature} K={k}: {rates}", file=sys.stderr, flush=True)
+        summary["acceptance"].update(acceptance)
+    return summary
 
 
-def _one_engine(request: dict, k: int, temperatures: list[str]) -> dict[str, dict[str, float]]:
+def _one_engine(request: dict, k: int, temperatures: list[str], calibrate: list[str]):
     from vllm import LLM
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
@@ -93,6 +108,7 @@ def _one_engine(request: dict, k: int, temperatures: list[str]) -> dict[str, dic
         speculative_config=speculative,
         max_num_seqs=max(request["batches"] + request["sampled_batches"]),
         seed=0,
+        disable_log_stats=False,  # the acceptance counters; a served engine keeps them too
     )
     try:
         tokenizer = llm.get_tokenizer()
@@ -106,49 +122,76 @@ def _one_engine(request: dict, k: int, temperatures: list[str]) -> dict[str, dic
             for p in request.get("prompts") or PROMPTS
         ]
         _time_batches(llm, {**request, "batches": [2], "min_tokens": 0}, prompts, 0.0)  # warm-up
-        return {t: _time_batches(llm, request, prompts, float(t)) for t in temperatures}
+        cells = {t: _time_batches(llm, request, prompts, float(t)) for t in temperatures}
+        return cells, {t: _acceptance(llm, request, prompts, float(t)) for t in calibrate}
     finally:
         del llm
         gc.collect()
         cleanup_dist_env_and_memory()
 
 
-def _params(request: dict, temperature: float, seed: int):
+def _params(request: dict, temperature: float, seed: int, ignore_eos: bool = True):
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
     return SamplingParams(
         temperature=temperature,
         max_tokens=request["max_tokens"],
-        ignore_eos=True,
+        ignore_eos=ignore_eos,
         seed=seed,
         output_kind=RequestOutputKind.DELTA,  # each step reports only its new tokens
     )
 
 
-def _time_batches(llm, request: dict, prompts: list, temperature: float) -> dict[str, float]:
+def _time_batches(llm, request: dict, prompts: list, temperature: float):
+    """({batch: tokens/s}, {batch: seconds a step}) of this engine's queue at each batch size."""
     batches = request["batches"] if temperature == 0 else request["sampled_batches"]
-    return {
-        str(batch): round(
-            queue_rate(
-                llm.llm_engine,
-                lambda i: (
-                    {"prompt_token_ids": prompts[i % len(prompts)]},
-                    _params(request, temperature, i),
-                ),  # fmt: skip
-                batch,
-                max(request["min_tokens"], request["queue_rounds"] * batch * request["max_tokens"]),
-            ),
-            2,
+    rates, step_s = {}, {}
+    for batch in batches:
+        tokens = max(request["min_tokens"], request["queue_rounds"] * batch * request["max_tokens"])
+        rate, step = queue_rate(
+            llm.llm_engine,
+            lambda i: (
+                {"prompt_token_ids": prompts[i % len(prompts)]},
+                _params(request, temperature, i),
+            ),  # fmt: skip
+            batch,
+            tokens,
         )
-        for batch in batches
-    }
+        rates[str(batch)], step_s[str(batch)] = round(rate, 2), round(step, 6)
+    return rates, step_s
 
 
-def queue_rate(engine, make_request, batch: int, tokens: int) -> float:
-    """Tokens/s of `engine` (vLLM's LLMEngine: add_request, step, abort_request) with `batch`
-    requests kept in flight, `make_request(i)` -> (prompt, params) the i-th of them; timed from
-    the first completion until `tokens` more tokens came out; what is still running is aborted."""
+def _acceptance(llm, request: dict, prompts: list, temperature: float) -> list[float]:
+    """How often each draft position was accepted (per draft), over the calibration requests:
+    replies run to their end (or the calibration's `max_tokens`), at T = `temperature`."""
+    calibration = request["calibration"]
+
+    def counts() -> tuple[int, list[int]]:
+        metrics = {m.name: m for m in llm.get_metrics()}
+        per_position = metrics["vllm:spec_decode_num_accepted_tokens_per_pos"].values
+        return metrics["vllm:spec_decode_num_drafts"].value, list(per_position)
+
+    drafts, accepted = counts()
+    queue_rate(
+        llm.llm_engine,
+        lambda i: (
+            {"prompt_token_ids": prompts[i % len(prompts)]},
+            _params(calibration, temperature, i, ignore_eos=False),
+        ),  # fmt: skip
+        calibration["batch"],
+        calibration["min_tokens"],
+    )
+    drafts_after, accepted_after = counts()
+    new_drafts = max(1, drafts_after - drafts)
+    return [round((a - b) / new_drafts, 4) for a, b in zip(accepted_after, accepted, strict=True)]
+
+
+def queue_rate(engine, make_request, batch: int, tokens: int) -> tuple[float, float]:
+    """(tokens/s, seconds a step) of `engine` (vLLM's LLMEngine: add_request, step,
+    abort_request) with `batch` requests kept in flight, `make_request(i)` -> (prompt, params)
+    the i-th of them; timed from the first completion until `tokens` more tokens came out; what
+    is still running is aborted."""
     running: set[str] = set()
 
     def submit(i: int) -> None:
@@ -158,11 +201,12 @@ def queue_rate(engine, make_request, batch: int, tokens: int) -> float:
 
     for i in range(batch):
         submit(i)
-    submitted, produced, started = batch, 0, None
+    submitted, produced, steps, started = batch, 0, 0, None
     while started is None or produced < tokens:
         outputs = engine.step()
         if started is not None:
             produced += sum(len(output.outputs[0].token_ids) for output in outputs)
+            steps += 1
         for output in (output for output in outputs if output.finished):
             running.discard(output.request_id)
             submit(submitted)
@@ -173,7 +217,7 @@ def queue_rate(engine, make_request, batch: int, tokens: int) -> float:
     engine.abort_request(sorted(running))
     while engine.has_unfinished_requests():  # let the aborts land before the next cell
         engine.step()
-    return produced / elapsed
+    return produced / elapsed, elapsed / steps
 
 
 def main(argv: list[str]) -> int:
