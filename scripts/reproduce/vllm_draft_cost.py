@@ -1,0 +1,95 @@
+"""Where a drafting step's time goes in vLLM, per plugin stage (the corrector's cost by batch).
+
+One vLLM engine in this process, bf16, the checkpoint CHECKPOINT of SmolLM2 at K drafts for every
+batch size; a queue keeps BATCH requests of 48 tokens in flight (the schedule probe's queue,
+dcoco.serving.vllm_schedule_probe.queue_rate) on the held-out prompts PROMPTS (a JSONL of suite
+records, as scripts/reproduce/schedule_prompts.py writes). The runner's, proposer's and plugin's
+calls are wrapped with timers; prints milliseconds per engine step for each.
+
+Usage (the vLLM venv):
+  VLLM_ENABLE_V1_MULTIPROCESSING=0 .venv-vllm/bin/python scripts/reproduce/vllm_draft_cost.py \
+    CHECKPOINT K BATCH PROMPTS  # dcoco-joint-12k 2 16 runs/serve-logs/schedule-prompts.jsonl
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import time
+
+import dcoco.serving.vllm_hints as hints
+import dcoco.serving.vllm_model as model
+from dcoco.models.loading import resolve_target
+from dcoco.paths import checkpoints_dir
+from dcoco.serving.draft_schedule import probe_prompts
+from dcoco.serving.vllm_schedule_probe import queue_rate
+
+SECONDS: collections.Counter = collections.Counter()
+CALLS: collections.Counter = collections.Counter()
+
+
+def timed(name: str, function):
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        result = function(*args, **kwargs)
+        SECONDS[name] += time.perf_counter() - start
+        CALLS[name] += 1
+        return result
+
+    return wrapper
+
+
+def main(checkpoint: str, k: int, batch: int, prompts_file: str) -> None:
+    from vllm import LLM, SamplingParams
+    from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.spec_decode.dflash import DFlashProposer
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    for name in ("select_draft", "add_copy_bonus", "point_mass_logits"):
+        setattr(model, name, timed(name, getattr(model, name)))
+    hints._write_batch = timed("copy hints", hints._write_batch)
+    speculative = {
+        "method": "dflash",
+        "model": str(checkpoints_dir() / "smollm2-135m-instruct" / checkpoint),
+        "num_speculative_tokens": 7,
+        "num_speculative_tokens_per_batch_size": [[1, 1 << 16, k]],
+        "disable_eagle_block_drop": True,
+    }
+    llm = LLM(model=str(resolve_target("smollm2-135m-instruct")), dtype="bfloat16",
+              max_model_len=2048, enforce_eager=True, kv_cache_memory_bytes=1 << 30,
+              max_num_seqs=32, speculative_config=speculative, seed=0)  # fmt: skip
+    # after the plugin has installed its own wrappers
+    GPUModelRunner.execute_model = timed("target forward", GPUModelRunner.execute_model)
+    GPUModelRunner.sample_tokens = timed("sample + draft", GPUModelRunner.sample_tokens)
+    DFlashProposer.propose = timed("drafter pass", DFlashProposer.propose)
+    DFlashQwen3ForCausalLM.forward = timed("drafter layers", DFlashQwen3ForCausalLM.forward)
+    drafter = type(llm.llm_engine.model_executor.driver_worker.worker.model_runner.drafter.model)
+    drafter.compute_logits = timed("drafter logits + head", drafter.compute_logits)
+    tokenizer = llm.get_tokenizer()
+    prompts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                      add_generation_prompt=True, tokenize=True, return_dict=False)
+        for text in probe_prompts(prompts_file)
+    ]  # fmt: skip
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True,
+                            output_kind=RequestOutputKind.DELTA)  # fmt: skip
+
+    def request(i: int):
+        return {"prompt_token_ids": prompts[i % len(prompts)]}, params
+
+    engine = llm.llm_engine
+    queue_rate(engine, request, 2, 100)  # warm-up
+    SECONDS.clear(), CALLS.clear()
+    engine.step = timed("engine step", engine.step)
+    rate, step = queue_rate(engine, request, batch, max(512, 2 * batch * 48))
+    steps = CALLS["engine step"]
+    print(
+        f"{checkpoint}, K = {k}, {batch} requests: {rate:.1f} tokens/s, {step * 1e3:.1f} ms a step"
+    )
+    for name, seconds in SECONDS.most_common():
+        print(f"  {name:24s} {seconds / steps * 1e3:7.2f} ms a step")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
