@@ -169,9 +169,10 @@ class Corrector(nn.Module):
     def forward(self, hidden: Tensor, logits: Tensor, anchor_ids: Tensor | None = None) -> Scores:
         """Scores from one drafter pass: hidden [batch, slots, hidden], logits [batch, slots,
         vocab], anchor_ids [batch] (needed with `anchor`). Needs K <= vocab."""
+        logits = logits.float()  # once: both reductions below read the whole vocabulary
         # Sorted, so index 0 at each slot is the drafter's own argmax token.
-        candidate_logits, candidate_ids = logits.float().topk(self.config.top_k, dim=-1)
-        logsumexp = logits.float().logsumexp(dim=-1) if self.config.features != "logit" else None
+        candidate_logits, candidate_ids = logits.topk(self.config.top_k, dim=-1)
+        logsumexp = logits.logsumexp(dim=-1) if self.config.features != "logit" else None
         return self.score(hidden, candidate_logits, candidate_ids, logsumexp, anchor_ids)
 
     def score(
