@@ -7,7 +7,8 @@ records, as scripts/reproduce/schedule_prompts.py writes). The runner's, propose
 calls are wrapped with timers; prints milliseconds per engine step for each.
 
 Usage (the vLLM venv):
-  VLLM_ENABLE_V1_MULTIPROCESSING=0 .venv-vllm/bin/python scripts/reproduce/vllm_draft_cost.py \
+  LD_PRELOAD=.venv-vllm/lib/libiomp5.so VLLM_ENABLE_V1_MULTIPROCESSING=0 \
+    .venv-vllm/bin/python scripts/reproduce/vllm_draft_cost.py \
     CHECKPOINT K BATCH PROMPTS  # dcoco-joint-12k 2 16 runs/serve-logs/schedule-prompts.jsonl
 """
 

@@ -7,7 +7,8 @@ probe runs; and 128 tokens to EOS) and on the bench's suite prompts (gsm8k, huma
 each; 128 tokens to EOS), at 1 and 4 requests in flight. Prints tokens/s and τ of each cell.
 
 Usage (the vLLM venv; reads ../shared/data or DCOCO_DATA_DIR):
-  VLLM_ENABLE_V1_MULTIPROCESSING=0 .venv-vllm/bin/python scripts/reproduce/vllm_probe_prompts.py
+  LD_PRELOAD=.venv-vllm/lib/libiomp5.so VLLM_ENABLE_V1_MULTIPROCESSING=0 \
+    .venv-vllm/bin/python scripts/reproduce/vllm_probe_prompts.py
 """
 
 from __future__ import annotations
