@@ -166,13 +166,7 @@ def _acceptance(llm, request: dict, prompts: list, temperature: float) -> list[f
     """How often each draft position was accepted (per draft), over the calibration requests:
     replies run to their end (or the calibration's `max_tokens`), at T = `temperature`."""
     calibration = request["calibration"]
-
-    def counts() -> tuple[int, list[int]]:
-        metrics = {m.name: m for m in llm.get_metrics()}
-        per_position = metrics["vllm:spec_decode_num_accepted_tokens_per_pos"].values
-        return metrics["vllm:spec_decode_num_drafts"].value, list(per_position)
-
-    drafts, accepted = counts()
+    drafts, accepted = spec_counts(llm)
     queue_rate(
         llm.llm_engine,
         lambda i: (
@@ -182,9 +176,17 @@ def _acceptance(llm, request: dict, prompts: list, temperature: float) -> list[f
         calibration["batch"],
         calibration["min_tokens"],
     )
-    drafts_after, accepted_after = counts()
+    drafts_after, accepted_after = spec_counts(llm)
     new_drafts = max(1, drafts_after - drafts)
     return [round((a - b) / new_drafts, 4) for a, b in zip(accepted_after, accepted, strict=True)]
+
+
+def spec_counts(llm) -> tuple[int, list[int]]:
+    """vLLM's speculative counters so far (`disable_log_stats=False`): (drafts, accepted tokens
+    per draft position)."""
+    metrics = {m.name: m for m in llm.get_metrics()}
+    per_position = metrics["vllm:spec_decode_num_accepted_tokens_per_pos"].values
+    return metrics["vllm:spec_decode_num_drafts"].value, list(per_position)
 
 
 def queue_rate(engine, make_request, batch: int, tokens: int) -> tuple[float, float]:

@@ -18,7 +18,7 @@ import gc
 from dcoco.eval.suites import load_prompts
 from dcoco.models.loading import resolve_target
 from dcoco.paths import checkpoints_dir, data_dir
-from dcoco.serving.vllm_schedule_probe import PROMPTS, queue_rate
+from dcoco.serving.vllm_schedule_probe import PROMPTS, queue_rate, spec_counts
 
 TARGET, CHECKPOINT = "smollm2-135m-instruct", "dcoco-joint-12k"
 CELLS = (  # (name, prompts, max tokens, ignore EOS, requests in flight)
@@ -50,21 +50,14 @@ def _cell(llm, prompts: list, max_tokens: int, ignore_eos: bool, batch: int) -> 
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    def counts() -> dict:
-        return {m.name: getattr(m, "value", 0) or 0 for m in llm.get_metrics()}
-
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=ignore_eos,
                             output_kind=RequestOutputKind.DELTA)  # fmt: skip
-    before = counts()
+    drafts, accepted = spec_counts(llm)
     rate, _ = queue_rate(llm.llm_engine, lambda i: ({"prompt_token_ids": prompts[i % len(prompts)]},
                       params), batch, max(256, 2 * batch * max_tokens))  # fmt: skip
-    after = counts()
-    drafts = after["vllm:spec_decode_num_drafts"] - before["vllm:spec_decode_num_drafts"]
-    accepted = (
-        after["vllm:spec_decode_num_accepted_tokens"]
-        - before["vllm:spec_decode_num_accepted_tokens"]
-    )
-    return rate, 1 + accepted / drafts if drafts else 1.0
+    drafts_after, accepted_after = spec_counts(llm)
+    drafts = drafts_after - drafts
+    return rate, 1 + (sum(accepted_after) - sum(accepted)) / drafts if drafts else 1.0
 
 
 def main() -> None:
