@@ -252,11 +252,11 @@ def test_scheduler_asks_sampled_steps_for_the_sampled_schedules_k(monkeypatch):
 
 
 def test_serve_passes_the_sampled_schedule_to_the_server_processes():
-    from dcoco.serving.draft_schedule import sampled_env
+    from dcoco.serving.draft_schedule import schedule_env
     from dcoco.serving.vllm_sampled_drafts import SCHEDULE_ENV
 
-    assert sampled_env("1:7,2-:0/1-:0") == {SCHEDULE_ENV: "1-:0"}
-    assert sampled_env("1:7,2-:0") == {} and sampled_env("fixed") == {}
+    assert schedule_env("1:7,2-:0/1-:0") == {SCHEDULE_ENV: "1-:0"}
+    assert schedule_env("1:7,2-:0") == {} and schedule_env("fixed") == {}
 
 
 class _FakeEngine:

@@ -10,11 +10,13 @@ the batch shrinks as replies end and the schedule's K changes within the run.
 from __future__ import annotations
 
 import gc
+import os
 
 import pytest
 import torch
 
 from dcoco.paths import checkpoints_dir
+from dcoco.serving.head_ceiling import HEAD_ENV
 
 TARGET = "smollm2-135m-instruct"
 CHECKPOINT = "dcoco-joint-12k"  # the shipped dcoco: drafter with copy hints, corrector head
@@ -156,6 +158,7 @@ def test_schedule_probe_times_every_cell_through_its_queue(monkeypatch):
         "min_tokens": 16,
         "queue_rounds": 1,
         "calibration": {"max_tokens": 16, "batch": 2, "min_tokens": 32},
+        "head": True,  # the corrector: the greedy cells again with it off
     }
     summary = vllm_schedule_probe.measure(request)
     rates = summary["rates"]
@@ -171,6 +174,39 @@ def test_schedule_probe_times_every_cell_through_its_queue(monkeypatch):
         acceptance = summary["acceptance"][temperature]
         assert len(acceptance) == 3 and 1 >= acceptance[0] >= acceptance[1] >= acceptance[2] >= 0
     assert summary["acceptance"]["0"][0] > 0.2  # the shipped drafter, greedy
+    head_off = summary["head_off"]  # K = 0 drafts nothing, so only K = 3 is timed again
+    assert set(head_off["step_s"]) == {"3"} and set(head_off["step_s"]["3"]) == {"1", "3"}
+    assert all(s > 0 for s in head_off["step_s"]["3"].values())
+    assert len(head_off["acceptance"]) == 3 and head_off["acceptance"][0] > 0.2
+    assert HEAD_ENV not in os.environ  # switched back on after its cells
+
+
+@pytest.mark.vllm
+def test_head_picks_drafts_only_up_to_its_ceiling_and_output_stays_plain(monkeypatch):
+    """With the head's ceiling at 2 running requests (`@2`), the corrector runs only in steps of
+    at most 2 requests; the steps above draft the drafter's own top-1. Greedy fp32 output equals
+    plain vLLM's either way."""
+    pytest.importorskip("vllm")
+    from dcoco.serving import vllm_model
+
+    for key, value in {**ENV, HEAD_ENV: "2"}.items():
+        monkeypatch.setenv(key, value)
+    batches = []
+    select = vllm_model.select_draft
+
+    def counted(head, hidden, *args):
+        batches.append(hidden.shape[0])  # [requests, slots, hidden]
+        return select(head, hidden, *args)
+
+    monkeypatch.setattr(vllm_model, "select_draft", counted)
+    plain = _generate(None)
+    speculative = {
+        "method": "dflash",
+        "model": str(checkpoints_dir() / TARGET / CHECKPOINT),
+        "num_speculative_tokens": 3,
+    }
+    assert _generate(speculative) == plain
+    assert batches and max(batches) == 2  # the batch shrinks 4 -> 1: the head ran at 2 and 1
 
 
 @pytest.mark.vllm

@@ -17,8 +17,10 @@ applies per request (dcoco.serving.vllm_sampled_drafts); it never drafts more th
   whose predicted tokens/s (batch x τ(K) / step time) is within TOLERANCE of its fastest, a size
   between two measured ones the smaller of their K;
 - `fixed`: vLLM's own behaviour, `--num-speculative-tokens` at every load;
-- a schedule written out, `GREEDY[/SAMPLED]`: `1:7,2-3:5,4-7:3,8-:0/1:2,2-:0` (batch sizes: K;
-  the last range may stay open; without `/SAMPLED` sampled requests follow the greedy one).
+- a schedule written out, `GREEDY[/SAMPLED][@N]`: `1:7,2-3:5,4-7:3,8-:0/1:2,2-:0@4` (batch
+  sizes: K; the last range may stay open; without `/SAMPLED` sampled requests follow the greedy
+  one; `@N`: a draft head picks the drafts only while at most N requests run, above that the
+  drafter's own top-1 does, dcoco.serving.head_ceiling; `auto` measures N for a head method).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ PROBE_QUEUE_ROUNDS = 2  # and at least this many times batch size x PROBE_TOKENS
 # How often each draft position is accepted: requests of up to CALIBRATION_TOKENS tokens, replies
 # to their end, CALIBRATION_BATCH in flight, until they have produced CALIBRATION_MIN_TOKENS.
 CALIBRATION_TOKENS, CALIBRATION_BATCH, CALIBRATION_MIN_TOKENS = 128, 4, 2048
-PROBE_VERSION = 4  # bump when the probe measures differently: cached schedules are redone
+PROBE_VERSION = 5  # bump when the probe measures differently: cached schedules are redone
 
 # carries the sampled schedule to the plugin in vLLM's processes (dcoco.serving.vllm_sampled_drafts)
 SCHEDULE_ENV = "DCOCO_SAMPLED_DRAFT_SCHEDULE"  # e.g. `1:2,2-:0`; unset: sampled = greedy
@@ -83,8 +85,10 @@ def parse(text: str, max_k: int) -> Schedule:
 
 
 def parse_pair(text: str, max_k: int) -> tuple[Schedule, Schedule | None]:
-    """`GREEDY[/SAMPLED]` -> (greedy schedule, sampled schedule or None)."""
-    greedy, _, sampled = text.partition("/")
+    """`GREEDY[/SAMPLED][@N]` -> (greedy schedule, sampled schedule or None); N is checked."""
+    from dcoco.serving.head_ceiling import split
+
+    greedy, _, sampled = split(text)[0].partition("/")
     return parse(greedy, max_k), parse(sampled, max_k) if sampled else None
 
 
@@ -177,16 +181,20 @@ def probe_prompts(prompts_file: str) -> list[str]:
     return texts
 
 
-def sampled_env(text: str) -> dict[str, str]:
-    """The sampled requests' schedule of `GREEDY/SAMPLED`, as the environment that carries it to
-    the plugin in vLLM's processes (dcoco.serving.vllm_sampled_drafts)."""
-    _, _, sampled = text.partition("/")
-    return {SCHEDULE_ENV: sampled} if sampled else {}
+def schedule_env(text: str) -> dict[str, str]:
+    """What the plugin in vLLM's processes takes from `GREEDY/SAMPLED@N`, as their environment: the
+    sampled requests' schedule (dcoco.serving.vllm_sampled_drafts) and the head's ceiling N."""
+    from dcoco.serving.head_ceiling import HEAD_ENV, split
+
+    pair, ceiling = split(text)
+    _, _, sampled = pair.partition("/")
+    env = {SCHEDULE_ENV: sampled} if sampled else {}
+    return env if ceiling >= OPEN_END else {**env, HEAD_ENV: str(ceiling)}
 
 
 def measured(python: str, probe: dict, key: dict, threads: int) -> tuple[str, dict]:
-    """(`GREEDY/SAMPLED` schedules, the probe's record) for the served method `probe` describes
-    (model, dtype, speculative config, max_model_len, kv_cache_bytes), cached by `key`."""
+    """(`GREEDY/SAMPLED[@N]` schedules, the probe's record) for the served method `probe`
+    describes (model, dtype, speculative config, max_model_len, kv_cache_bytes), cached by `key`."""
     record_key = {**key, "probe_version": PROBE_VERSION}
     digest = hashlib.sha256(json.dumps(record_key, sort_keys=True).encode()).hexdigest()[:16]
     path = cache_dir() / "serve-schedules" / f"{digest}.json"
@@ -195,10 +203,30 @@ def measured(python: str, probe: dict, key: dict, threads: int) -> tuple[str, di
             record = json.loads(path.read_text())
             parse_pair(record["schedule"], OPEN_END)  # a damaged record is measured again
             return record["schedule"], record
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, DcocoError):
             pass  # measured again below
+    print("dcoco: measuring the draft schedule (once per machine and method)", file=sys.stderr)
+    summary = _run_probe(python, _probe_request(probe), threads)
+    schedule, rates = schedule_from(summary)
+    record = {
+        "schedule": schedule,
+        "tokens_per_s": rates,  # b x tau(K) / step(b, K), what the schedule was chosen from
+        "measured_tokens_per_s": summary["rates"],  # at the probe's own acceptance
+        "step_s": summary["step_s"],
+        "acceptance": summary["acceptance"],
+        "head_off": summary.get("head_off"),  # greedy, the drafter's own top-1 (head methods)
+        "key": record_key,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1))
+    return schedule, record
+
+
+def _probe_request(probe: dict) -> dict:
+    from dcoco.serving.head_ceiling import has_head
+
     max_k = probe["speculative"]["num_speculative_tokens"]
-    request = {
+    return {
         **probe,
         "draft_lengths": {
             "0": [k for k in PROBE_DRAFT_LENGTHS if k <= max_k],
@@ -214,23 +242,27 @@ def measured(python: str, probe: dict, key: dict, threads: int) -> tuple[str, di
             "batch": CALIBRATION_BATCH,
             "min_tokens": CALIBRATION_MIN_TOKENS,
         },
+        "head": has_head(probe["speculative"].get("model", "")),  # also timed without it
     }
-    print("dcoco: measuring the draft schedule (once per machine and method)", file=sys.stderr)
-    summary = _run_probe(python, request, threads)
+
+
+def schedule_from(summary: dict) -> tuple[str, dict]:
+    """(`GREEDY/SAMPLED[@N]`, the predicted {T: {K: {batch: tokens/s}}} it was chosen from) of the
+    probe's measurements; for a head method, N and the greedy schedule beyond N come from the
+    cells timed without the head (`head_off`)."""
+    from dcoco.serving.head_ceiling import choose_ceiling, merged_rates, with_ceiling
+
     rates = {t: predicted_rates(summary["step_s"][t], summary["acceptance"][t]) for t in ("0", "1")}
-    greedy, sampled = (choose(_by_batch(rates[t])) for t in ("0", "1"))
-    schedule = f"{format_schedule(greedy)}/{format_schedule(at_most(sampled, greedy))}"
-    record = {
-        "schedule": schedule,
-        "tokens_per_s": rates,  # b x tau(K) / step(b, K), what the schedule was chosen from
-        "measured_tokens_per_s": summary["rates"],  # at the probe's own acceptance
-        "step_s": summary["step_s"],
-        "acceptance": summary["acceptance"],
-        "key": record_key,
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1))
-    return schedule, record
+    greedy_rates, ceiling = _by_batch(rates["0"]), OPEN_END
+    if summary.get("head_off"):
+        off = summary["head_off"]
+        rates["0 without head"] = predicted_rates(off["step_s"], off["acceptance"])
+        without = _by_batch(rates["0 without head"])
+        ceiling = choose_ceiling(greedy_rates, without)
+        greedy_rates = merged_rates(greedy_rates, without, ceiling)
+    greedy, sampled = choose(greedy_rates), choose(_by_batch(rates["1"]))
+    pair = f"{format_schedule(greedy)}/{format_schedule(at_most(sampled, greedy))}"
+    return with_ceiling(pair, ceiling), rates
 
 
 def predicted_rates(

@@ -50,7 +50,7 @@ class ServeConfig:
     port: int = 8000  # port the server listens on
     dtype: str = "auto"  # auto (--layout auto times bf16 and fp32; else bf16) | bf16 | fp32 | fp16
     num_speculative_tokens: int = 0  # the most drafts per step; 0 = the drafter's block size - 1
-    draft_schedule: str = "auto"  # drafts by running requests: auto | fixed | 1:7,2-:0/1-:0
+    draft_schedule: str = "auto"  # drafts by running requests: auto | fixed | 1:7,2-:0/1-:0@4
     schedule_prompts: str = ""  # JSONL of suite records the auto schedule is timed on; empty: ours
     k0_context_margin: int = 1  # K = 0 steps keep the drafter's context to drafting batch + this
     max_model_len: int = 2048  # longest prompt + reply vLLM accepts
@@ -83,9 +83,9 @@ def run(config: ServeConfig) -> int:
         config = replace(config, dtype=dtype, draft_schedule=_measured_schedule(config, layout))
         python, argv = build_command(config)
         print(shlex.join([python, *argv]), file=sys.stderr)
-    from dcoco.serving.draft_schedule import CONTEXT_MARGIN_ENV, sampled_env
+    from dcoco.serving.draft_schedule import CONTEXT_MARGIN_ENV, schedule_env
 
-    env = {**layout_env(layout), **sampled_env(config.draft_schedule)}
+    env = {**layout_env(layout), **schedule_env(config.draft_schedule)}
     return supervise([python, *argv], {**env, CONTEXT_MARGIN_ENV: str(config.k0_context_margin)})
 
 
@@ -169,7 +169,7 @@ def _measured_schedule(config: ServeConfig, layout: str) -> str:
         "kv_cache_bytes": int(config.kv_cache_gib * (1 << 30)),
     }
     text = for_server(paths.find_vllm_python(config.python), probe, layout, config.schedule_prompts)
-    print(f"dcoco: draft schedule (requests:drafts, greedy/sampled) {text}", file=sys.stderr)
+    print(f"dcoco: draft schedule (requests:drafts greedy/sampled[@head]) {text}", file=sys.stderr)
     return text
 
 

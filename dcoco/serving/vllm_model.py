@@ -5,7 +5,8 @@ plugin registry).
 class) with two optional additions:
 - `self.head`, the very module the training code builds (`dcoco.models.head_registry.build_head`,
   config from config.json's `dcoco_head`, weights from the checkpoint's `head.*` tensors). See
-  dcoco.serving.vllm_plugin for how the head's choice reaches vLLM's draft;
+  dcoco.serving.vllm_plugin for how the head's choice reaches vLLM's draft; above the head's
+  ceiling of running requests (dcoco.serving.head_ceiling) the drafter's own top-1 is the draft;
 - `self.copy_gate` of a copy-hint drafter (config.json `dcoco.copy_gate`, weights `copy_gate.*`):
   its bonus goes on each mask row's hint, which dcoco.serving.vllm_hints wrote into the rows'
   input ids, as `BlockDrafter.logits` does in our engine.
@@ -37,6 +38,7 @@ from dcoco.models.head_io import HEAD_KEY, SELECTION_KEY
 from dcoco.models.head_registry import build_head
 from dcoco.models.heads import select_draft
 from dcoco.models.selection import check_selection
+from dcoco.serving.head_ceiling import head_max_batch
 from dcoco.serving.vllm_plugin import point_mass_logits, request_layout
 
 
@@ -133,7 +135,7 @@ class DcocoDFlashForCausalLM(DFlashQwen3ForCausalLM):
             hint_columns = torch.where(hints == mask, NO_HINT, hints)
             bonus = self.copy_gate(hidden_states).squeeze(-1).float()  # [rows]
             logits = add_copy_bonus(logits.float(), bonus, hint_columns).to(logits.dtype)
-        if self.head is None:
+        if self.head is None or requests > head_max_batch():  # above it: the drafter's top-1
             return logits
         anchor_ids = blocks[:, 0]
         chosen = select_draft(

@@ -18,6 +18,10 @@ measures their product noisily and at the probe's own acceptance:
   its `max_tokens`) at T = 0 and T = 1 give how often each draft position is accepted; a block
   drafter's first K drafts do not depend on how many more it drafts, so τ(K) = 1 + the sum of the
   first K positions' rates.
+- **head off** (a drafter with a draft head, version 5): the greedy cells and the T = 0 acceptance
+  again with the head switched off (dcoco.serving.head_ceiling.HEAD_ENV = 0, read at every step),
+  the drafter's own top-1 drafting; the schedule then keeps the head up to the batch size where
+  it stops paying.
 The prompts are the request's (`dcoco serve --schedule-prompts`) or ours. The measurements go to
 the request's `summary` file as JSON (vLLM's logging shares stdout); dcoco.serving.draft_schedule
 turns them into schedules.
@@ -25,12 +29,16 @@ turns them into schedules.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import json
+import os
 import sys
 import time
 from pathlib import Path
+
+from dcoco.serving.head_ceiling import HEAD_ENV
 
 # Our own prompts (no benchmark suite's): code, arithmetic, explanation and chat, so the probe's
 # acceptance is a mix like a server's. `dcoco serve --schedule-prompts` replaces them with a
@@ -69,25 +77,38 @@ PROMPTS = (
     "Describe how photosynthesis works.",
     "Plan a one-day trip to a city you like.",
 )
+HEAD_OFF = "0 without head"  # the cells' key for the greedy cells timed with the head off
 _REQUEST_IDS = itertools.count()  # unique across cells: vLLM keys requests by id
 
 
 def measure(request: dict) -> dict:
     """Per temperature T, draft length K and batch size b: {"rates": {T: {K: {b: tokens/s}}},
-    "step_s": {T: {K: {b: seconds a step}}}, "acceptance": {T: [rate of draft position 1, ...]}}."""
+    "step_s": {T: {K: {b: seconds a step}}}, "acceptance": {T: [rate of draft position 1, ...]}},
+    with a draft head also "head_off": {"rates": {K: {b: ..}}, "step_s": .., "acceptance": [..]}
+    (greedy)."""
     import vllm
 
     summary: dict = {"vllm": vllm.__version__, "rates": {}, "step_s": {}, "acceptance": {}}
+    head_off: dict = {"rates": {}, "step_s": {}, "acceptance": []}
     lengths = sorted({k for ks in request["draft_lengths"].values() for k in ks})
     for k in lengths:
         temperatures = [t for t, ks in request["draft_lengths"].items() if k in ks]
         calibrate = list(request["draft_lengths"]) if k == lengths[-1] else []
         cells, acceptance = _one_engine(request, k, temperatures, calibrate)
         for temperature, (rates, step_s) in cells.items():
-            summary["rates"].setdefault(temperature, {})[str(k)] = rates
-            summary["step_s"].setdefault(temperature, {})[str(k)] = step_s
+            variant = summary if temperature != HEAD_OFF else head_off
+            temperature = "0" if temperature == HEAD_OFF else temperature
+            variant["rates"].setdefault(temperature, {})[str(k)] = rates
+            variant["step_s"].setdefault(temperature, {})[str(k)] = step_s
             print(f"dcoco: T={temperature} K={k}: {rates}", file=sys.stderr, flush=True)
+        head_off["acceptance"] = acceptance.pop(HEAD_OFF, head_off["acceptance"])
         summary["acceptance"].update(acceptance)
+    if head_off["step_s"]:
+        summary["head_off"] = {
+            "rates": head_off["rates"]["0"],
+            "step_s": head_off["step_s"]["0"],
+            "acceptance": head_off["acceptance"],
+        }
     return summary
 
 
@@ -123,11 +144,31 @@ def _one_engine(request: dict, k: int, temperatures: list[str], calibrate: list[
         ]
         _time_batches(llm, {**request, "batches": [2], "min_tokens": 0}, prompts, 0.0)  # warm-up
         cells = {t: _time_batches(llm, request, prompts, float(t)) for t in temperatures}
-        return cells, {t: _acceptance(llm, request, prompts, float(t)) for t in calibrate}
+        acceptance = {t: _acceptance(llm, request, prompts, float(t)) for t in calibrate}
+        if request.get("head") and k > 0 and "0" in temperatures:
+            with _head_switched_off():
+                cells[HEAD_OFF] = _time_batches(llm, request, prompts, 0.0)
+                if "0" in calibrate:
+                    acceptance[HEAD_OFF] = _acceptance(llm, request, prompts, 0.0)
+        return cells, acceptance
     finally:
         del llm
         gc.collect()
         cleanup_dist_env_and_memory()
+
+
+@contextlib.contextmanager
+def _head_switched_off():
+    """The plugin's draft head off for what runs inside (the engine is in this process)."""
+    before = os.environ.get(HEAD_ENV)
+    os.environ[HEAD_ENV] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[HEAD_ENV]
+        else:
+            os.environ[HEAD_ENV] = before
 
 
 def _params(request: dict, temperature: float, seed: int, ignore_eos: bool = True):

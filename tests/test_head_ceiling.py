@@ -1,0 +1,100 @@
+"""Load-aware draft heads (dcoco.serving.head_ceiling): up to which batch size the head picks the
+drafts, chosen from the probe's cells with and without it, and how `@N` reaches vLLM."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dcoco.errors import DcocoError
+from dcoco.serving import draft_schedule
+from dcoco.serving.draft_schedule import OPEN_END, parse_pair, schedule_env
+from dcoco.serving.head_ceiling import (
+    HEAD_ENV,
+    choose_ceiling,
+    has_head,
+    head_max_batch,
+    merged_rates,
+    split,
+    with_ceiling,
+)
+from dcoco.serving.vllm_sampled_drafts import SCHEDULE_ENV
+
+WITH_HEAD = {1: {0: 30.0, 2: 60.0}, 4: {0: 100.0, 2: 130.0}, 8: {0: 150.0, 2: 150.0}}
+
+
+def test_ceiling_is_the_last_size_before_the_head_stops_paying():
+    without = {1: {2: 55.0}, 4: {2: 131.0}, 8: {2: 170.0}}  # the head loses from 4 on
+    assert choose_ceiling(WITH_HEAD, without) == 1
+    assert choose_ceiling(WITH_HEAD, {1: {2: 50.0}, 4: {2: 120.0}, 8: {2: 140.0}}) == OPEN_END
+    assert choose_ceiling(WITH_HEAD, {1: {2: 61.0}, 4: {2: 99.0}, 8: {2: 140.0}}) == 0
+    # a size the head-off probe did not time never ends the head's range
+    assert choose_ceiling(WITH_HEAD, {1: {2: 50.0}}) == OPEN_END
+
+
+def test_beyond_the_ceiling_the_schedule_reads_the_cells_without_the_head():
+    without = {1: {2: 55.0}, 4: {2: 131.0}, 8: {2: 170.0}}
+    merged = merged_rates(WITH_HEAD, without, ceiling=1)
+    assert merged == {1: WITH_HEAD[1], 4: {0: 100.0, 2: 131.0}, 8: {0: 150.0, 2: 170.0}}
+
+
+def test_schedule_from_a_probe_with_the_head_off_cells():
+    step_s = {"0": {"1": 0.03, "4": 0.04, "8": 0.05}, "2": {"1": 0.04, "4": 0.08, "8": 0.14}}
+    summary = {
+        "step_s": {"0": step_s, "1": {"0": {"1": 0.03}, "1": {"1": 0.035}}},
+        "acceptance": {"0": [0.8, 0.6], "1": [0.3]},
+        "rates": {},
+        # the drafter's own top-1: cheaper steps, a little less accepted
+        "head_off": {"step_s": {"2": {"1": 0.036, "4": 0.05, "8": 0.07}}, "acceptance": [0.7, 0.5]},
+    }
+    schedule, rates = draft_schedule.schedule_from(summary)
+    # one request: 2.4 / 0.04 = 60 tok/s with the head, 2.2 / 0.036 = 61.1 without, so the head
+    # never picks (@0), and without it K = 2 pays at every size (4: 176 against 100 at K = 0)
+    assert schedule == "1-:2/1-:1@0"
+    assert rates["0 without head"]["2"] == {"1": 61.11, "4": 176.0, "8": 251.43}
+    summary["head_off"]["acceptance"] = [0.2, 0.1]  # a drafter poor without its head: no ceiling
+    # with the head: K = 2 up to 4 requests (120 > 100), none at 8 (137 < 160)
+    assert draft_schedule.schedule_from(summary)[0] == "1-4:2,5-:0/1-4:1,5-:0"
+
+
+def test_ceiling_travels_in_the_schedule_text_to_the_plugins_environment():
+    assert split("1:7,2-:0/1-:0@8") == ("1:7,2-:0/1-:0", 8)
+    assert split("1:7,2-:0") == ("1:7,2-:0", OPEN_END)
+    assert with_ceiling("1:7,2-:0/1-:0", 8) == "1:7,2-:0/1-:0@8"
+    assert with_ceiling("1:7,2-:0/1-:0", OPEN_END) == "1:7,2-:0/1-:0"
+    assert parse_pair("1:7,2-:0/1-:0@8", max_k=7) == (
+        [(1, 1, 7), (2, OPEN_END, 0)],
+        [(1, OPEN_END, 0)],
+    )
+    assert schedule_env("1:7,2-:0/1-:0@8") == {SCHEDULE_ENV: "1-:0", HEAD_ENV: "8"}
+    assert schedule_env("1:7,2-:0/1-:0") == {SCHEDULE_ENV: "1-:0"}
+    assert schedule_env("1:7,2-:0@0") == {HEAD_ENV: "0"}
+    with pytest.raises(DcocoError, match="after @ comes the head's largest batch size"):
+        parse_pair("1:7,2-:0@eight", max_k=7)
+
+
+def test_plugin_reads_the_ceiling_at_every_step(monkeypatch):
+    monkeypatch.delenv(HEAD_ENV, raising=False)
+    assert head_max_batch() == OPEN_END
+    monkeypatch.setenv(HEAD_ENV, "4")
+    assert head_max_batch() == 4
+    monkeypatch.setenv(HEAD_ENV, "0")
+    assert head_max_batch() == 0
+
+
+def test_probe_times_the_head_off_only_for_a_drafter_with_a_head(tmp_path):
+    with_head, plain = tmp_path / "with-head", tmp_path / "plain"
+    for folder, config in ((with_head, {"dcoco_head": {"kind": "dcoco"}}), (plain, {})):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(config))
+    assert has_head(str(with_head)) and not has_head(str(plain)) and not has_head("")
+    speculative = {"method": "dflash", "num_speculative_tokens": 3}
+    request = draft_schedule._probe_request({"speculative": {**speculative, "model": str(plain)}})
+    assert request["head"] is False
+    request = draft_schedule._probe_request(
+        {"speculative": {**speculative, "model": str(with_head)}}
+    )
+    assert request["head"] is True
+    ngram = {"speculative": {"method": "ngram", "num_speculative_tokens": 3}}
+    assert draft_schedule._probe_request(ngram)["head"] is False
