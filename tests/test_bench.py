@@ -119,6 +119,19 @@ def test_resume_skips_done_samples_and_a_rerun_needs_it(run_dir, config, target)
         run_bench(dataclasses.replace(config, plots=False), target=target, progress=False)
 
 
+def test_resume_refuses_another_kind_of_machine(run_dir, config, target):
+    record_file = run_dir / "config.json"
+    record = json.loads(record_file.read_text())
+    record["sessions"][0]["machine"] = {"cpu": "Another CPU", "flags": ["avx2"], "cores": 2}
+    record_file.write_text(json.dumps(record))
+    lines = (run_dir / "samples.jsonl").read_text()
+    resumed = dataclasses.replace(config, resume=True, plots=False)
+    with pytest.raises(DcocoError, match="measured on Another CPU avx2; this machine is"):
+        run_bench(resumed, target=target, progress=False)
+    assert (run_dir / "samples.jsonl").read_text() == lines  # nothing lost
+    assert json.loads(record_file.read_text()) == record
+
+
 def test_shards_split_every_suite_and_together_make_the_whole_run(run_dir, config, target):
     """Two shards of one run: each gets a share of every suite, none overlaps, and the union of
     their sample files is the unsharded run's set of samples, with equal greedy outputs (fp32)."""

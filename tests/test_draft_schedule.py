@@ -9,8 +9,9 @@ import shlex
 import pytest
 
 from dcoco.errors import DcocoError
-from dcoco.serving import draft_schedule
-from dcoco.serving.draft_schedule import OPEN_END, choose, format_schedule, parse
+from dcoco.serving import draft_schedule, schedule_choice
+from dcoco.serving.draft_schedule import OPEN_END, format_schedule, parse
+from dcoco.serving.schedule_choice import choose
 
 
 def test_parse_and_format_round_trip():
@@ -150,9 +151,21 @@ def _summary(rates: dict, acceptance: dict) -> dict:
     return {"vllm": "0.32.0", "rates": rates, "step_s": step_s, "acceptance": acceptance}
 
 
+def test_step_times_between_measured_draft_lengths_are_interpolated():
+    step_s = {"0": {"1": 0.02, "4": 0.04}, "2": {"1": 0.03, "4": 0.08}, "5": {"1": 0.06}}
+    assert schedule_choice.interpolated(step_s) == {
+        "0": {"1": 0.02, "4": 0.04},
+        "1": {"1": 0.025, "4": 0.06},
+        "2": {"1": 0.03, "4": 0.08},
+        "3": {"1": 0.04},  # a batch size measured at one end only stays out
+        "4": {"1": 0.05},
+        "5": {"1": 0.06},
+    }
+
+
 def test_predicted_rates_are_batch_times_tau_over_step_time():
     step_s = {"0": {"1": 0.02, "4": 0.05}, "2": {"1": 0.025, "4": 0.08}}
-    predicted = draft_schedule.predicted_rates(step_s, [0.8, 0.5, 0.3])
+    predicted = schedule_choice.predicted_rates(step_s, [0.8, 0.5, 0.3])
     assert predicted == {"0": {"1": 50.0, "4": 80.0}, "2": {"1": 92.0, "4": 115.0}}
 
 
@@ -170,12 +183,14 @@ def test_measured_schedule_is_cached(tmp_path, monkeypatch):
     probe = {"speculative": {"method": "dflash", "num_speculative_tokens": 3}}
     first, record = draft_schedule.measured("python", probe, {"machine": "m"}, threads=2)
     again, _ = draft_schedule.measured("python", probe, {"machine": "m"}, threads=2)
-    assert first == again == "1:3,2-:0/1:1,2-:0"
+    # K = 1 and 2 are interpolated: at 2 requests K = 1 (step 0.0465 s, 64.5 tokens/s) beats
+    # K = 0 (60) and the measured K = 3 (55)
+    assert first == again == "1:3,2:1,3-:0/1:1,2-:0"
     assert len(calls) == 1
     other = {**probe, "model": "another drafter"}  # another method is measured on its own
     draft_schedule.measured("python", {**other}, {"machine": "m", "probe": other}, threads=2)
     assert len(calls) == 2
-    assert calls[0]["draft_lengths"] == {"0": [0, 1, 2, 3], "1": [0, 1, 3]}
+    assert calls[0]["draft_lengths"] == {"0": [0, 2, 3], "1": [0, 2]}  # and the longest
     assert record["tokens_per_s"]["0"]["3"]["1"] == 60.0
     assert record["acceptance"]["0"] == [0.5, 0.3, 0.2] and "step_s" in record
     assert calls[0]["calibration"]["max_tokens"] == draft_schedule.CALIBRATION_TOKENS

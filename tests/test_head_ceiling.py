@@ -8,7 +8,7 @@ import json
 import pytest
 
 from dcoco.errors import DcocoError
-from dcoco.serving import draft_schedule
+from dcoco.serving import draft_schedule, schedule_choice
 from dcoco.serving.draft_schedule import OPEN_END, parse_pair, schedule_env
 from dcoco.serving.head_ceiling import (
     HEAD_ENV,
@@ -48,14 +48,15 @@ def test_schedule_from_a_probe_with_the_head_off_cells():
         # the drafter's own top-1: cheaper steps, a little less accepted
         "head_off": {"step_s": {"2": {"1": 0.036, "4": 0.05, "8": 0.07}}, "acceptance": [0.7, 0.5]},
     }
-    schedule, rates = draft_schedule.schedule_from(summary)
+    schedule, rates = schedule_choice.schedule_from(summary)
     # one request: 2.4 / 0.04 = 60 tok/s with the head, 2.2 / 0.036 = 61.1 without, so the head
     # never picks (@0), and without it K = 2 pays at every size (4: 176 against 100 at K = 0)
     assert schedule == "1-:2/1-:1@0"
     assert rates["0 without head"]["2"] == {"1": 61.11, "4": 176.0, "8": 251.43}
     summary["head_off"]["acceptance"] = [0.2, 0.1]  # a drafter poor without its head: no ceiling
-    # with the head: K = 2 up to 4 requests (120 > 100), none at 8 (137 < 160)
-    assert draft_schedule.schedule_from(summary)[0] == "1-4:2,5-:0/1-4:1,5-:0"
+    # with the head: K = 2 at 1 request; at 4, K = 1 (step interpolated half way, 0.06 s: 120
+    # tokens/s, as K = 2); none at 8 (K = 0 160, K = 1 152)
+    assert schedule_choice.schedule_from(summary)[0] == "1:2,2-4:1,5-:0/1-4:1,5-:0"
 
 
 def test_ceiling_travels_in_the_schedule_text_to_the_plugins_environment():

@@ -27,7 +27,6 @@ from tqdm import tqdm
 
 from dcoco.config import Command
 from dcoco.contracts import SamplingParams
-from dcoco.decode.cost_curve import machine_fingerprint
 from dcoco.decode.engine import Engine
 from dcoco.decode.session import DecodeConfig, open_target
 from dcoco.errors import DcocoError
@@ -40,7 +39,7 @@ from dcoco.eval.bench_rows import (
     parse_row,
     row_precision,
 )
-from dcoco.eval.run_record import method_checkpoints, write_run_record
+from dcoco.eval.run_record import check_same_machine, machine, method_checkpoints, write_run_record
 from dcoco.eval.samples import (
     SampleKey,
     SampleWriter,
@@ -272,7 +271,7 @@ def _write_config(
         matmul=target.matmul,
         device=str(target.device),
         gpu=torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else None,
-        cpu=machine_fingerprint()["cpu"],
+        machine=machine(),
         torch_threads=torch.get_num_threads(),
         shard=f"{config.shard}/{config.shards}",
     )
@@ -281,6 +280,7 @@ def _write_config(
         file.seek(0)
         text = file.read()
         sessions = json.loads(text)["sessions"] if text.strip() else []
+        check_same_machine(sessions, run_dir)
         record = {
             "config": portable_record(dataclasses.asdict(config)),
             "sessions": [*sessions, session],

@@ -131,9 +131,11 @@ def _setup(summary: dict, config: dict | None) -> list[str]:
     lines = [f"Methods: {', '.join(summary['methods'])}; baseline: {summary['baseline'] or '–'}."]
     if config:
         c, first = config["config"], config["sessions"][0]
+        machine = first.get("machine") or {"cpu": first["cpu"]}  # older runs: the CPU model only
+        cpu = " ".join([machine["cpu"], *machine.get("flags", [])])
         lines += [
             f"Target `{first['target']}` ({first['dtype']}, {first['device']}"
-            f"{', ' + first['gpu'] if first.get('gpu') else ''}), CPU {first['cpu']}, "
+            f"{', ' + first['gpu'] if first.get('gpu') else ''}), CPU {cpu}, "
             f"{first['torch_threads']} torch threads; max new tokens {c['max_new_tokens']}, "
             f"up to {c['limit'] or 'all'} prompts per suite, chat template {c['chat']}.",
             f"Started {first['started']}, git commit {first['git_commit'] or 'unknown'}, "

@@ -21,6 +21,7 @@ from types import SimpleNamespace
 
 import torch
 
+from dcoco.errors import DcocoError
 from dcoco.models.catalogue import drafter_digest
 from dcoco.paths import REPO_ROOT, portable, portable_record
 
@@ -44,6 +45,22 @@ def machine() -> dict:
     if torch.cuda.is_available():
         record["gpu"] = torch.cuda.get_device_name(0)
     return record
+
+
+def check_same_machine(sessions: list[dict], run_dir: Path) -> None:
+    """A resumed run continues on the kind of machine it started on: its timings and ratios are
+    one machine's (`sessions` of a run's config.json, each with the `machine()` it ran on, or only
+    the CPU model for older runs)."""
+    if not sessions:
+        return
+    first, here = sessions[0], machine()
+    then = first.get("machine") or {"cpu": first.get("cpu")}
+    if any(then[key] != here[key] for key in then if key in ("cpu", "flags")):
+        raise DcocoError(
+            f"{portable(run_dir)} was measured on {then['cpu']} {' '.join(then.get('flags', []))}; "
+            f"this machine is {here['cpu']} {' '.join(here['flags'])}: timings do not carry "
+            "across machines, so start another --run-name here"
+        )
 
 
 def _git(*args: str) -> str | None:

@@ -11,10 +11,10 @@ applies per request (dcoco.serving.vllm_sampled_drafts); it never drafts more th
 
 `dcoco serve --draft-schedule` takes
 - `auto` (the default): measured once per machine, method, precision and prompts
-  (dcoco.serving.vllm_schedule_probe: the time of a step at every (T, K, batch size), greedy at
+  (dcoco.serving.vllm_schedule_probe: the time of a step at a few K per batch size, greedy at
   T = 0, sampled at T = 1, and how often each draft position is accepted on the prompts) and
   cached under `$DCOCO_CACHE_DIR/serve-schedules/`; each measured batch size gets the shortest K
-  whose predicted tokens/s (batch x τ(K) / step time) is within TOLERANCE of its fastest, a size
+  whose predicted tokens/s is within 2% of its fastest (dcoco.serving.schedule_choice), a size
   between two measured ones the smaller of their K;
 - `fixed`: vLLM's own behaviour, `--num-speculative-tokens` at every load;
 - a schedule written out, `GREEDY[/SAMPLED][@N]`: `1:7,2-3:5,4-7:3,8-:0/1:2,2-:0@4` (batch
@@ -37,14 +37,15 @@ from dcoco.errors import DcocoError
 from dcoco.paths import cache_dir
 
 OPEN_END = 1 << 16  # the last range's end: vLLM clamps it to its max_num_seqs
-TOLERANCE = 0.02  # a shorter K within this share of the fastest wins (cheaper, as fast)
-PROBE_DRAFT_LENGTHS = (0, 1, 2, 3, 5, 7)
+# the draft lengths timed (and the drafter's longest); the ones between are interpolated
+# (dcoco.serving.schedule_choice)
+PROBE_DRAFT_LENGTHS = (0, 2, 4, 7)
 PROBE_BATCHES = (1, 2, 4, 8, 16, 32)
-PROBE_SAMPLED_DRAFT_LENGTHS = (0, 1, 3)  # at T = 1 short drafts or none win, if any
+PROBE_SAMPLED_DRAFT_LENGTHS = (0, 2, 4)  # at T = 1 short drafts or none win, if any
 PROBE_SAMPLED_BATCHES = (1, 2, 4)  # beyond these the greedy schedule already drafts little
 PROBE_TOKENS = 48  # tokens per request in the probe's queue
 PROBE_MIN_TOKENS = 256  # a timed cell runs until its requests have produced at least this many,
-PROBE_QUEUE_ROUNDS = 2  # and at least this many times batch size x PROBE_TOKENS
+PROBE_QUEUE_ROUNDS = 1  # and at least this many times batch size x PROBE_TOKENS
 # How often each draft position is accepted: requests of up to CALIBRATION_TOKENS tokens, replies
 # to their end, CALIBRATION_BATCH in flight, until they have produced CALIBRATION_MIN_TOKENS.
 CALIBRATION_TOKENS, CALIBRATION_BATCH, CALIBRATION_MIN_TOKENS = 128, 4, 2048
@@ -108,7 +109,7 @@ def at_most(sampled: Schedule, greedy: Schedule) -> Schedule:
     """The sampled schedule with no batch size drafting more than the greedy one does."""
     bounds = sorted({first for first, _, _ in sampled + greedy})
     dense = [(b, b, min(k_at(sampled, b), k_at(greedy, b))) for b in range(1, bounds[-1] + 1)]
-    return _merged([*dense[:-1], (dense[-1][0], OPEN_END, dense[-1][2])])
+    return merged_ranges([*dense[:-1], (dense[-1][0], OPEN_END, dense[-1][2])])
 
 
 def format_schedule(schedule: Schedule) -> str:
@@ -120,29 +121,7 @@ def format_schedule(schedule: Schedule) -> str:
     return ",".join(f"{sizes(first, last)}:{k}" for first, last, k in schedule)
 
 
-def choose(rates: dict[int, dict[int, float]]) -> Schedule:
-    """The schedule from measured tokens/s, rates[batch][K]: per measured batch size the shortest
-    K within TOLERANCE of its fastest; between two measured sizes the smaller of their K; from
-    the largest measured size on, its K."""
-    best = {}
-    for batch, by_k in sorted(rates.items()):
-        top = max(by_k.values())
-        best[batch] = min(k for k, rate in by_k.items() if rate >= (1 - TOLERANCE) * top)
-    sizes = sorted(best)
-    if sizes[0] != 1:
-        raise DcocoError("the measured batch sizes must include 1")
-    schedule = []
-    for size, after in zip(sizes, [*sizes[1:], None], strict=True):
-        if after is None:
-            schedule.append((size, OPEN_END, best[size]))
-            continue
-        schedule.append((size, size, best[size]))
-        if after > size + 1:
-            schedule.append((size + 1, after - 1, min(best[size], best[after])))
-    return _merged(schedule)
-
-
-def _merged(schedule: Schedule) -> Schedule:
+def merged_ranges(schedule: Schedule) -> Schedule:
     out: Schedule = []
     for first, last, k in schedule:
         if out and out[-1][2] == k and out[-1][1] + 1 == first:
@@ -206,6 +185,8 @@ def measured(python: str, probe: dict, key: dict, threads: int) -> tuple[str, di
         except (ValueError, KeyError, TypeError, DcocoError):
             pass  # measured again below
     print("dcoco: measuring the draft schedule (once per machine and method)", file=sys.stderr)
+    from dcoco.serving.schedule_choice import schedule_from
+
     summary = _run_probe(python, _probe_request(probe), threads)
     schedule, rates = schedule_from(summary)
     record = {
@@ -229,7 +210,7 @@ def _probe_request(probe: dict) -> dict:
     return {
         **probe,
         "draft_lengths": {
-            "0": [k for k in PROBE_DRAFT_LENGTHS if k <= max_k],
+            "0": sorted({k for k in PROBE_DRAFT_LENGTHS if k < max_k} | {max_k}),
             "1": [k for k in PROBE_SAMPLED_DRAFT_LENGTHS if k <= max_k],
         },
         "batches": list(PROBE_BATCHES),
@@ -244,42 +225,6 @@ def _probe_request(probe: dict) -> dict:
         },
         "head": has_head(probe["speculative"].get("model", "")),  # also timed without it
     }
-
-
-def schedule_from(summary: dict) -> tuple[str, dict]:
-    """(`GREEDY/SAMPLED[@N]`, the predicted {T: {K: {batch: tokens/s}}} it was chosen from) of the
-    probe's measurements; for a head method, N and the greedy schedule beyond N come from the
-    cells timed without the head (`head_off`)."""
-    from dcoco.serving.head_ceiling import choose_ceiling, merged_rates, with_ceiling
-
-    rates = {t: predicted_rates(summary["step_s"][t], summary["acceptance"][t]) for t in ("0", "1")}
-    greedy_rates, ceiling = _by_batch(rates["0"]), OPEN_END
-    if summary.get("head_off"):
-        off = summary["head_off"]
-        rates["0 without head"] = predicted_rates(off["step_s"], off["acceptance"])
-        without = _by_batch(rates["0 without head"])
-        ceiling = choose_ceiling(greedy_rates, without)
-        greedy_rates = merged_rates(greedy_rates, without, ceiling)
-    greedy, sampled = choose(greedy_rates), choose(_by_batch(rates["1"]))
-    pair = f"{format_schedule(greedy)}/{format_schedule(at_most(sampled, greedy))}"
-    return with_ceiling(pair, ceiling), rates
-
-
-def predicted_rates(
-    step_s: dict[str, dict[str, float]], acceptance: list[float]
-) -> dict[str, dict[str, float]]:
-    """{K: {batch: tokens/s}} = batch x tau(K) / step(batch, K), tau(K) = 1 + the acceptance
-    rates of the first K draft positions."""
-    return {
-        k: {b: round(int(b) * (1 + sum(acceptance[: int(k)])) / s, 2) for b, s in by_batch.items()}
-        for k, by_batch in step_s.items()
-    }
-
-
-def _by_batch(rates: dict[str, dict[str, float]]) -> dict[int, dict[int, float]]:
-    """{K: {batch: r}} (the probe's JSON) -> {batch: {K: r}}."""
-    batches = next(iter(rates.values()))
-    return {int(b): {int(k): by_batch[b] for k, by_batch in rates.items()} for b in batches}
 
 
 def _run_probe(python: str, request: dict, threads: int) -> dict:
