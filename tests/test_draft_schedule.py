@@ -9,7 +9,7 @@ import shlex
 import pytest
 
 from dcoco.errors import DcocoError
-from dcoco.serving import draft_schedule, schedule_choice
+from dcoco.serving import auto_schedule, draft_schedule, schedule_choice
 from dcoco.serving.draft_schedule import OPEN_END, format_schedule, parse
 from dcoco.serving.schedule_choice import choose
 
@@ -179,21 +179,21 @@ def test_measured_schedule_is_cached(tmp_path, monkeypatch):
         sampled = {"0": {"1": 30.0, "2": 60.0}, "1": {"1": 40.0, "2": 50.0}}
         return _summary({"0": greedy, "1": sampled}, {"0": [0.5, 0.3, 0.2], "1": [0.6, 0.2]})
 
-    monkeypatch.setattr(draft_schedule, "_run_probe", fake_probe)
+    monkeypatch.setattr(auto_schedule, "_run_probe", fake_probe)
     probe = {"speculative": {"method": "dflash", "num_speculative_tokens": 3}}
-    first, record = draft_schedule.measured("python", probe, {"machine": "m"}, threads=2)
-    again, _ = draft_schedule.measured("python", probe, {"machine": "m"}, threads=2)
+    first, record = auto_schedule.measured("python", probe, {"machine": "m"}, threads=2)
+    again, _ = auto_schedule.measured("python", probe, {"machine": "m"}, threads=2)
     # K = 1 and 2 are interpolated: at 2 requests K = 1 (step 0.0465 s, 64.5 tokens/s) beats
     # K = 0 (60) and the measured K = 3 (55)
     assert first == again == "1:3,2:1,3-:0/1:1,2-:0"
     assert len(calls) == 1
     other = {**probe, "model": "another drafter"}  # another method is measured on its own
-    draft_schedule.measured("python", {**other}, {"machine": "m", "probe": other}, threads=2)
+    auto_schedule.measured("python", {**other}, {"machine": "m", "probe": other}, threads=2)
     assert len(calls) == 2
     assert calls[0]["draft_lengths"] == {"0": [0, 2, 3], "1": [0, 2]}  # and the longest
     assert record["tokens_per_s"]["0"]["3"]["1"] == 60.0
     assert record["acceptance"]["0"] == [0.5, 0.3, 0.2] and "step_s" in record
-    assert calls[0]["calibration"]["max_tokens"] == draft_schedule.CALIBRATION_TOKENS
+    assert calls[0]["calibration"]["max_tokens"] == auto_schedule.CALIBRATION_TOKENS
 
 
 def test_schedule_prompts_replace_the_probes_and_key_the_cache(tmp_path, monkeypatch):
@@ -205,18 +205,18 @@ def test_schedule_prompts_replace_the_probes_and_key_the_cache(tmp_path, monkeyp
         rates = {"0": {"0": {"1": 30.0}, "1": {"1": 40.0}}, "1": {"0": {"1": 30.0}}}
         return _summary(rates, {"0": [0.6], "1": [0.1]})
 
-    monkeypatch.setattr(draft_schedule, "_run_probe", fake_probe)
+    monkeypatch.setattr(auto_schedule, "_run_probe", fake_probe)
     traffic = tmp_path / "traffic.jsonl"
     record = {"category": "chat", "turns": ["Plan a picnic.", "And if it rains?"]}
     traffic.write_text(json.dumps(record) + "\n")
     probe = {"speculative": {"method": "dflash", "num_speculative_tokens": 1}}
-    assert draft_schedule.for_server("python", probe, "all-cores") == "1-:1/1-:0"
-    draft_schedule.for_server("python", probe, "all-cores", str(traffic))
-    draft_schedule.for_server("python", probe, "all-cores", str(traffic))  # cached
+    assert auto_schedule.for_server("python", probe, "all-cores") == "1-:1/1-:0"
+    auto_schedule.for_server("python", probe, "all-cores", str(traffic))
+    auto_schedule.for_server("python", probe, "all-cores", str(traffic))  # cached
     assert len(requests) == 2 and "prompts" not in requests[0]
     assert requests[1]["prompts"] == ["Plan a picnic."]
     with pytest.raises(DcocoError, match="schedule prompts file not found"):
-        draft_schedule.for_server("python", probe, "all-cores", str(tmp_path / "missing.jsonl"))
+        auto_schedule.for_server("python", probe, "all-cores", str(tmp_path / "missing.jsonl"))
 
 
 def test_sampled_schedule_never_drafts_more_than_the_greedy_one():

@@ -8,17 +8,16 @@ import json
 import pytest
 
 from dcoco.errors import DcocoError
-from dcoco.serving import draft_schedule, schedule_choice
-from dcoco.serving.draft_schedule import OPEN_END, parse_pair, schedule_env
-from dcoco.serving.head_ceiling import (
+from dcoco.serving import auto_schedule, schedule_choice
+from dcoco.serving.draft_schedule import (
     HEAD_ENV,
-    choose_ceiling,
-    has_head,
-    head_max_batch,
-    merged_rates,
+    OPEN_END,
+    parse_pair,
+    schedule_env,
     split,
     with_ceiling,
 )
+from dcoco.serving.head_ceiling import choose_ceiling, has_head, head_max_batch, merged_rates
 from dcoco.serving.vllm_sampled_drafts import SCHEDULE_ENV
 
 WITH_HEAD = {1: {0: 30.0, 2: 60.0}, 4: {0: 100.0, 2: 130.0}, 8: {0: 150.0, 2: 150.0}}
@@ -91,11 +90,11 @@ def test_probe_times_the_head_off_only_for_a_drafter_with_a_head(tmp_path):
         (folder / "config.json").write_text(json.dumps(config))
     assert has_head(str(with_head)) and not has_head(str(plain)) and not has_head("")
     speculative = {"method": "dflash", "num_speculative_tokens": 3}
-    request = draft_schedule._probe_request({"speculative": {**speculative, "model": str(plain)}})
+    request = auto_schedule._probe_request({"speculative": {**speculative, "model": str(plain)}})
     assert request["head"] is False
-    request = draft_schedule._probe_request(
+    request = auto_schedule._probe_request(
         {"speculative": {**speculative, "model": str(with_head)}}
     )
     assert request["head"] is True
     ngram = {"speculative": {"method": "ngram", "num_speculative_tokens": 3}}
-    assert draft_schedule._probe_request(ngram)["head"] is False
+    assert auto_schedule._probe_request(ngram)["head"] is False

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from dcoco.paths import checkpoints_dir
-from dcoco.serving.head_ceiling import HEAD_ENV
+from dcoco.serving.draft_schedule import HEAD_ENV
 
 TARGET = "smollm2-135m-instruct"
 CHECKPOINT = "dcoco-joint-12k"  # the shipped dcoco: drafter with copy hints, corrector head

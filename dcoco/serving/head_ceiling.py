@@ -20,11 +20,8 @@ import json
 import os
 from pathlib import Path
 
-from dcoco.errors import DcocoError
 from dcoco.models.head_io import HEAD_KEY
-from dcoco.serving.draft_schedule import OPEN_END  # here: no ceiling
-
-HEAD_ENV = "DCOCO_HEAD_MAX_BATCH"  # the most running requests the draft head picks drafts for
+from dcoco.serving.draft_schedule import HEAD_ENV, OPEN_END  # OPEN_END here: no ceiling
 
 Rates = dict[int, dict[int, float]]  # {batch size: {K: tokens/s}}
 
@@ -60,17 +57,3 @@ def merged_rates(with_head: Rates, without_head: Rates, ceiling: int) -> Rates:
         batch: by_k if batch <= ceiling else {0: by_k[0], **without_head[batch]}
         for batch, by_k in with_head.items()
     }
-
-
-def split(text: str) -> tuple[str, int]:
-    """`GREEDY/SAMPLED@N` -> (`GREEDY/SAMPLED`, N); without `@N`, N is OPEN_END."""
-    schedule, at, ceiling = text.partition("@")
-    if not at:
-        return schedule, OPEN_END
-    if not ceiling.isdigit():
-        raise DcocoError(f"draft schedule '{text}': after @ comes the head's largest batch size")
-    return schedule, int(ceiling)
-
-
-def with_ceiling(schedule: str, ceiling: int) -> str:
-    return schedule if ceiling >= OPEN_END else f"{schedule}@{ceiling}"

@@ -18,8 +18,9 @@ from dcoco.serving.draft_schedule import (
     at_most,
     format_schedule,
     merged_ranges,
+    with_ceiling,
 )
-from dcoco.serving.head_ceiling import choose_ceiling, merged_rates, with_ceiling
+from dcoco.serving.head_ceiling import choose_ceiling, merged_rates
 
 TOLERANCE = 0.02  # a shorter K within this share of the fastest wins (cheaper, as fast)
 

@@ -159,7 +159,7 @@ def _measured_setup(config: ServeConfig) -> tuple[str, str, str, list[str]]:
 def _measured_schedule(config: ServeConfig, layout: str) -> str:
     """The draft schedule measured for this machine, method, precision and layout."""
     from dcoco.models.loading import resolve_target
-    from dcoco.serving.draft_schedule import for_server
+    from dcoco.serving.auto_schedule import for_server
 
     probe = {
         "model": str(resolve_target(config.target)),

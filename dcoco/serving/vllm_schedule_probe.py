@@ -38,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-from dcoco.serving.head_ceiling import HEAD_ENV
+from dcoco.serving.draft_schedule import HEAD_ENV
 
 # Our own prompts (no benchmark suite's): code, arithmetic, explanation and chat, so the probe's
 # acceptance is a mix like a server's. `dcoco serve --schedule-prompts` replaces them with a

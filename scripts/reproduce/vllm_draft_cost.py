@@ -22,7 +22,7 @@ import dcoco.serving.vllm_hints as hints
 import dcoco.serving.vllm_model as model
 from dcoco.models.loading import resolve_target
 from dcoco.paths import checkpoints_dir
-from dcoco.serving.draft_schedule import probe_prompts
+from dcoco.serving.auto_schedule import probe_prompts
 from dcoco.serving.vllm_schedule_probe import queue_rate
 
 SECONDS: collections.Counter = collections.Counter()

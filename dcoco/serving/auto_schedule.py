@@ -1,0 +1,139 @@
+"""The `auto` draft schedule of `dcoco serve`: the probe run once per machine, method, precision
+and prompts in the vLLM interpreter (dcoco.serving.vllm_schedule_probe), its record cached under
+`$DCOCO_CACHE_DIR/serve-schedules/`, the schedule chosen from it (dcoco.serving.schedule_choice)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from dcoco.errors import DcocoError
+from dcoco.paths import cache_dir
+from dcoco.serving.draft_schedule import OPEN_END, parse_pair
+from dcoco.serving.head_ceiling import has_head
+from dcoco.serving.schedule_choice import schedule_from
+
+# the draft lengths timed (and the drafter's longest); the ones between are interpolated
+# (dcoco.serving.schedule_choice)
+PROBE_DRAFT_LENGTHS = (0, 2, 4, 7)
+PROBE_BATCHES = (1, 2, 4, 8, 16, 32)
+PROBE_SAMPLED_DRAFT_LENGTHS = (0, 2, 4)  # at T = 1 short drafts or none win, if any
+PROBE_SAMPLED_BATCHES = (1, 2, 4)  # beyond these the greedy schedule already drafts little
+PROBE_TOKENS = 48  # tokens per request in the probe's queue
+PROBE_MIN_TOKENS = 256  # a timed cell runs until its requests have produced at least this many,
+PROBE_QUEUE_ROUNDS = 1  # and at least this many times batch size x PROBE_TOKENS
+# How often each draft position is accepted: requests of up to CALIBRATION_TOKENS tokens, replies
+# to their end, CALIBRATION_BATCH in flight, until they have produced CALIBRATION_MIN_TOKENS.
+CALIBRATION_TOKENS, CALIBRATION_BATCH, CALIBRATION_MIN_TOKENS = 128, 4, 2048
+PROBE_VERSION = 5  # bump when the probe measures differently: cached schedules are redone
+
+
+def for_server(python: str, probe: dict, layout: str, prompts_file: str = "") -> str:
+    """The `GREEDY/SAMPLED` schedule measured for a server with process `layout` (the worker gets
+    every core with `all-cores`, all but one otherwise), timed on the first turns of
+    `prompts_file` (suite records, as `dcoco bench-serve --prompts` reads) or the probe's own."""
+    from dcoco.decode.cost_curve import machine_fingerprint
+
+    cores = len(os.sched_getaffinity(0))
+    threads = cores if layout == "all-cores" else max(1, cores - 1)
+    key = {**machine_fingerprint(), "probe": probe, "layout": layout, "threads": threads}
+    if prompts_file:
+        probe = {**probe, "prompts": probe_prompts(prompts_file)}
+        key["prompts"] = hashlib.sha256(json.dumps(probe["prompts"]).encode()).hexdigest()[:16]
+    text, _ = measured(python, probe, key, threads)
+    return text
+
+
+def probe_prompts(prompts_file: str) -> list[str]:
+    """The first turns of a JSONL of suite records, for the probe's queue."""
+    from dcoco.eval.suites import read_suite_file
+
+    file = Path(prompts_file)
+    if not file.is_file():
+        raise DcocoError(f"schedule prompts file not found: {prompts_file}")
+    texts = [prompt.turns[0] for prompt in read_suite_file(file, default_suite=file.stem)]
+    if not texts:
+        raise DcocoError(f"{prompts_file} holds no prompts")
+    return texts
+
+
+def measured(python: str, probe: dict, key: dict, threads: int) -> tuple[str, dict]:
+    """(`GREEDY/SAMPLED[@N]` schedules, the probe's record) for the served method `probe`
+    describes (model, dtype, speculative config, max_model_len, kv_cache_bytes), cached by `key`."""
+    record_key = {**key, "probe_version": PROBE_VERSION}
+    digest = hashlib.sha256(json.dumps(record_key, sort_keys=True).encode()).hexdigest()[:16]
+    path = cache_dir() / "serve-schedules" / f"{digest}.json"
+    if path.is_file():
+        try:
+            record = json.loads(path.read_text())
+            parse_pair(record["schedule"], OPEN_END)  # a damaged record is measured again
+            return record["schedule"], record
+        except (ValueError, KeyError, TypeError, DcocoError):
+            pass  # measured again below
+    print("dcoco: measuring the draft schedule (once per machine and method)", file=sys.stderr)
+    summary = _run_probe(python, _probe_request(probe), threads)
+    schedule, rates = schedule_from(summary)
+    record = {
+        "schedule": schedule,
+        "tokens_per_s": rates,  # b x tau(K) / step(b, K), what the schedule was chosen from
+        "measured_tokens_per_s": summary["rates"],  # at the probe's own acceptance
+        "step_s": summary["step_s"],
+        "acceptance": summary["acceptance"],
+        "head_off": summary.get("head_off"),  # greedy, the drafter's own top-1 (head methods)
+        "key": record_key,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1))
+    return schedule, record
+
+
+def _probe_request(probe: dict) -> dict:
+    max_k = probe["speculative"]["num_speculative_tokens"]
+    return {
+        **probe,
+        "draft_lengths": {
+            "0": sorted({k for k in PROBE_DRAFT_LENGTHS if k < max_k} | {max_k}),
+            "1": [k for k in PROBE_SAMPLED_DRAFT_LENGTHS if k <= max_k],
+        },
+        "batches": list(PROBE_BATCHES),
+        "sampled_batches": list(PROBE_SAMPLED_BATCHES),
+        "max_tokens": PROBE_TOKENS,
+        "min_tokens": PROBE_MIN_TOKENS,
+        "queue_rounds": PROBE_QUEUE_ROUNDS,
+        "calibration": {
+            "max_tokens": CALIBRATION_TOKENS,
+            "batch": CALIBRATION_BATCH,
+            "min_tokens": CALIBRATION_MIN_TOKENS,
+        },
+        "head": has_head(probe["speculative"].get("model", "")),  # also timed without it
+    }
+
+
+def _run_probe(python: str, request: dict, threads: int) -> dict:
+    env = {
+        **os.environ,
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the worker in the probe's own process
+        "OMP_NUM_THREADS": str(threads),
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    }
+    with tempfile.TemporaryDirectory(prefix="dcoco-schedule-") as tmp:
+        request_file, summary_file = Path(tmp) / "request.json", Path(tmp) / "summary.json"
+        request_file.write_text(json.dumps({**request, "summary": str(summary_file)}))
+        log = cache_dir() / "serve-schedules" / "probe.log"  # a file: a pipe would fill up
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("wb") as sink:
+            done = subprocess.run(
+                [python, "-m", "dcoco.serving.vllm_schedule_probe", str(request_file)],
+                env=env,
+                stdout=sink,
+                stderr=sink,
+            )
+        if done.returncode != 0 or not summary_file.is_file():
+            tail = log.read_text(errors="replace")[-2000:]
+            raise DcocoError(f"the draft-schedule probe failed (log {log}):\n{tail}")
+        return json.loads(summary_file.read_text())
