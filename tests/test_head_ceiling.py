@@ -3,11 +3,10 @@ drafts, chosen from the probe's cells with and without it, and how `@N` reaches 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from dcoco.errors import DcocoError
+from dcoco.paths import checkpoints_dir
 from dcoco.serving import auto_schedule, schedule_choice
 from dcoco.serving.draft_schedule import (
     HEAD_ENV,
@@ -17,7 +16,7 @@ from dcoco.serving.draft_schedule import (
     split,
     with_ceiling,
 )
-from dcoco.serving.head_ceiling import choose_ceiling, has_head, head_max_batch, merged_rates
+from dcoco.serving.head_ceiling import choose_ceiling, head_max_batch, merged_rates
 from dcoco.serving.vllm_sampled_drafts import SCHEDULE_ENV
 
 WITH_HEAD = {1: {0: 30.0, 2: 60.0}, 4: {0: 100.0, 2: 130.0}, 8: {0: 150.0, 2: 150.0}}
@@ -83,18 +82,11 @@ def test_plugin_reads_the_ceiling_at_every_step(monkeypatch):
     assert head_max_batch() == 0
 
 
-def test_probe_times_the_head_off_only_for_a_drafter_with_a_head(tmp_path):
-    with_head, plain = tmp_path / "with-head", tmp_path / "plain"
-    for folder, config in ((with_head, {"dcoco_head": {"kind": "dcoco"}}), (plain, {})):
-        folder.mkdir()
-        (folder / "config.json").write_text(json.dumps(config))
-    assert has_head(str(with_head)) and not has_head(str(plain)) and not has_head("")
+def test_probe_times_the_head_off_only_for_a_drafter_with_a_head():
     speculative = {"method": "dflash", "num_speculative_tokens": 3}
-    request = auto_schedule._probe_request({"speculative": {**speculative, "model": str(plain)}})
-    assert request["head"] is False
-    request = auto_schedule._probe_request(
-        {"speculative": {**speculative, "model": str(with_head)}}
-    )
-    assert request["head"] is True
+    for checkpoint, expected in (("dflash", False), ("dcoco-joint-12k", True)):
+        model = str(checkpoints_dir() / "smollm2-135m-instruct" / checkpoint)
+        probe = {"speculative": {**speculative, "model": model}}
+        assert auto_schedule._probe_request(probe)["head"] is expected
     ngram = {"speculative": {"method": "ngram", "num_speculative_tokens": 3}}
     assert auto_schedule._probe_request(ngram)["head"] is False

@@ -13,9 +13,9 @@ import tempfile
 from pathlib import Path
 
 from dcoco.errors import DcocoError
+from dcoco.models.head_io import head_kind_of
 from dcoco.paths import cache_dir
 from dcoco.serving.draft_schedule import OPEN_END, parse_pair
-from dcoco.serving.head_ceiling import has_head
 from dcoco.serving.schedule_choice import schedule_from
 
 # the draft lengths timed (and the drafter's longest); the ones between are interpolated
@@ -110,8 +110,13 @@ def _probe_request(probe: dict) -> dict:
             "batch": CALIBRATION_BATCH,
             "min_tokens": CALIBRATION_MIN_TOKENS,
         },
-        "head": has_head(probe["speculative"].get("model", "")),  # also timed without it
+        "head": _has_head(probe["speculative"].get("model", "")),  # also timed without it
     }
+
+
+def _has_head(model: str) -> bool:
+    """Whether the served drafter checkpoint holds a draft head (vLLM's ngram has no model)."""
+    return bool(model) and head_kind_of(model) is not None
 
 
 def _run_probe(python: str, request: dict, threads: int) -> dict:

@@ -8,19 +8,16 @@ ceiling N the plugin drafts the drafter's own top-1 (copy gate included) and ski
 head method is never slower than its drafter alone; either way the drafts are verified, so the
 output does not change.
 
-`dcoco serve --draft-schedule auto` measures N with the schedule (dcoco.serving.draft_schedule
-and vllm_schedule_probe: the probe also times every greedy cell with the head switched off and
-calibrates the drafter's own acceptance) and writes it after the schedule, `GREEDY/SAMPLED@N`;
-no `@N`: the head picks at every batch size. HEAD_ENV carries N to the plugin.
+`dcoco serve --draft-schedule auto` measures N with the schedule (dcoco.serving.auto_schedule,
+vllm_schedule_probe: the probe also times every greedy cell with the head switched off and
+calibrates the drafter's own acceptance; schedule_choice) and writes it after the schedule,
+`GREEDY/SAMPLED@N`; no `@N`: the head picks at every batch size. HEAD_ENV carries N to the plugin.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
-from dcoco.models.head_io import HEAD_KEY
 from dcoco.serving.draft_schedule import HEAD_ENV, OPEN_END  # OPEN_END here: no ceiling
 
 Rates = dict[int, dict[int, float]]  # {batch size: {K: tokens/s}}
@@ -31,12 +28,6 @@ def head_max_batch() -> int:
     its timed cells in its own process, and a dict lookup costs nothing next to a step."""
     value = os.environ.get(HEAD_ENV, "")
     return int(value) if value else OPEN_END
-
-
-def has_head(model_dir: str) -> bool:
-    """Whether the drafter checkpoint at `model_dir` holds a draft head."""
-    config = Path(model_dir) / "config.json"
-    return bool(model_dir) and config.is_file() and HEAD_KEY in json.loads(config.read_text())
 
 
 def choose_ceiling(with_head: Rates, without_head: Rates) -> int:

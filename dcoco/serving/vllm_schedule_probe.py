@@ -96,19 +96,16 @@ def measure(request: dict) -> dict:
         calibrate = list(request["draft_lengths"]) if k == lengths[-1] else []
         cells, acceptance = _one_engine(request, k, temperatures, calibrate)
         for temperature, (rates, step_s) in cells.items():
-            variant = summary if temperature != HEAD_OFF else head_off
-            temperature = "0" if temperature == HEAD_OFF else temperature
-            variant["rates"].setdefault(temperature, {})[str(k)] = rates
-            variant["step_s"].setdefault(temperature, {})[str(k)] = step_s
+            if temperature == HEAD_OFF:
+                head_off["rates"][str(k)], head_off["step_s"][str(k)] = rates, step_s
+            else:
+                summary["rates"].setdefault(temperature, {})[str(k)] = rates
+                summary["step_s"].setdefault(temperature, {})[str(k)] = step_s
             print(f"dcoco: T={temperature} K={k}: {rates}", file=sys.stderr, flush=True)
         head_off["acceptance"] = acceptance.pop(HEAD_OFF, head_off["acceptance"])
         summary["acceptance"].update(acceptance)
     if head_off["step_s"]:
-        summary["head_off"] = {
-            "rates": head_off["rates"]["0"],
-            "step_s": head_off["step_s"]["0"],
-            "acceptance": head_off["acceptance"],
-        }
+        summary["head_off"] = head_off
     return summary
 
 

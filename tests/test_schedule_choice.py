@@ -1,0 +1,49 @@
+"""From the schedule probe's measurements to a schedule (dcoco.serving.schedule_choice): the
+choice per batch size, the step times interpolated between measured draft lengths, the predicted
+tokens/s."""
+
+from __future__ import annotations
+
+import pytest
+
+from dcoco.errors import DcocoError
+from dcoco.serving import schedule_choice
+from dcoco.serving.draft_schedule import OPEN_END
+from dcoco.serving.schedule_choice import choose
+
+
+def test_choose_takes_the_shortest_near_best_k_and_the_smaller_k_between_sizes():
+    rates = {
+        1: {0: 35.0, 3: 68.0, 7: 85.0},
+        2: {0: 68.0, 3: 71.5, 7: 61.0},  # 3 wins
+        4: {0: 126.0, 3: 108.0, 7: 90.0},  # 0 wins
+        8: {0: 235.0, 3: 167.0, 7: 131.0},
+    }
+    assert choose(rates) == [(1, 1, 7), (2, 2, 3), (3, OPEN_END, 0)]
+    # within TOLERANCE of the fastest, the shorter draft is taken
+    assert choose({1: {0: 50.0, 3: 99.0, 7: 100.0}}) == [(1, OPEN_END, 3)]
+    with pytest.raises(DcocoError, match="include 1"):
+        choose({2: {0: 1.0}})
+
+
+def test_between_measured_sizes_the_smaller_k_holds():
+    rates = {1: {0: 1.0, 5: 2.0}, 4: {0: 1.0, 2: 2.0}, 16: {0: 2.0, 2: 1.0}}
+    assert choose(rates) == [(1, 1, 5), (2, 4, 2), (5, OPEN_END, 0)]
+
+
+def test_step_times_between_measured_draft_lengths_are_interpolated():
+    step_s = {"0": {"1": 0.02, "4": 0.04}, "2": {"1": 0.03, "4": 0.08}, "5": {"1": 0.06}}
+    assert schedule_choice.interpolated(step_s) == {
+        "0": {"1": 0.02, "4": 0.04},
+        "1": {"1": 0.025, "4": 0.06},
+        "2": {"1": 0.03, "4": 0.08},
+        "3": {"1": 0.04},  # a batch size measured at one end only stays out
+        "4": {"1": 0.05},
+        "5": {"1": 0.06},
+    }
+
+
+def test_predicted_rates_are_batch_times_tau_over_step_time():
+    step_s = {"0": {"1": 0.02, "4": 0.05}, "2": {"1": 0.025, "4": 0.08}}
+    predicted = schedule_choice.predicted_rates(step_s, [0.8, 0.5, 0.3])
+    assert predicted == {"0": {"1": 50.0, "4": 80.0}, "2": {"1": 92.0, "4": 115.0}}
