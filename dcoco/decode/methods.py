@@ -4,7 +4,7 @@ A method spec is `METHOD[:SELECTION][@CHECKPOINT]`:
 - METHOD: plain | pld | dflash | dcoco | dspark | domino | pld-dflash (prompt lookup where the
   context has an n-gram match, the dflash drafter elsewhere);
 - SELECTION (dcoco only): the corrector's selection rule, greedy | keep1 | global | discounted |
-  top1;
+  top1, optionally /K to walk only the drafter's top K candidates per slot (greedy/4);
 - CHECKPOINT (drafter methods): a checkpoint directory, or the name of one shipped under
   `checkpoints/<target>/`; by default the method's default in that directory's catalogue
   (dcoco.models.catalogue), else the one named like the method.
@@ -22,7 +22,7 @@ from dcoco.models.catalogue import default_checkpoint
 from dcoco.models.drafter_io import CONFIG_FILE, read_drafter_config
 from dcoco.models.head_io import head_kind_of
 from dcoco.models.packed_linear import pack_linears
-from dcoco.models.selection import SELECTION_RULES
+from dcoco.models.selection import check_selection
 from dcoco.models.target import TargetModel
 from dcoco.paths import checkpoints_dir
 
@@ -59,10 +59,11 @@ def parse_method(spec: str) -> MethodSpec:
         raise DcocoError(f"unknown method '{method}': choose one of {', '.join(method_names())}")
     if selection and method != "dcoco":
         raise DcocoError(f"'{spec}': only dcoco takes a selection rule (dcoco:greedy)")
-    if selection and selection not in SELECTION_RULES:
-        raise DcocoError(
-            f"'{spec}': unknown selection '{selection}': choose one of {', '.join(SELECTION_RULES)}"
-        )
+    if selection:
+        try:
+            check_selection(selection)
+        except DcocoError as error:
+            raise DcocoError(f"'{spec}': {error}") from error
     if checkpoint and method not in DRAFTER_METHODS:
         raise DcocoError(f"'{spec}': {method} takes no checkpoint")
     return MethodSpec(method, selection or None, checkpoint or None)

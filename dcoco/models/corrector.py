@@ -33,21 +33,26 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dcoco.errors import DcocoError
+from dcoco.models.candidate_features import (
+    FEATURE_WIDTH,
+    FEATURES,
+    anchor_features,
+    candidate_features,
+    top_candidates,
+)
 from dcoco.models.corrector_loss import LOSSES, corrector_training_loss
 from dcoco.models.heads import HeadBatch, HeadLoss
 from dcoco.models.pair_counts import PairCounts
+from dcoco.models.pair_grid import GridScratch, delta_grid
 from dcoco.models.selection import (
     DEFAULT_SELECTION,
     SELECTION_RULES,
     Scores,
-    check_selection,
     selected_token_ids,
+    split_selection,
 )
+from dcoco.models.vocab_table import VocabTable
 
-FEATURES = ("logit", "normalised")
-# What delta reads of one candidate besides z: L, then (normalised) log p, p, L - L_top1,
-# rank / K, is-top-1 and is-anchor.
-FEATURE_WIDTH = {"logit": 1, "normalised": 7}
 MAX_PAIRS = 16  # slot pairs with a weight of their own for the pair counts (blocks up to 16)
 
 
@@ -122,6 +127,12 @@ class Corrector(nn.Module):
             self.bigram_scale = nn.Parameter(torch.zeros(MAX_PAIRS))
         # A tuple is not a Module, so nn.Module does not register (save, train or move) it.
         self._shared = (embed_tokens,)
+        # Inference caches (never saved): the grid's buffer and the tabled embedding projections.
+        self._grid_scratch = GridScratch()
+        if self.token_proj is not None:
+            self._token_table = VocabTable(self.token_proj)
+        if config.successor_query:
+            self._successor_table = VocabTable(lambda rows: rows @ self.query_out.weight)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -132,8 +143,7 @@ class Corrector(nn.Module):
         [batch, slots, K]."""
         fused = self.slot_proj(hidden.to(self.dtype))[:, :, None]  # [batch, slots, 1, mlp_hidden]
         if self.token_proj is not None:
-            embeds = self._shared[0](candidate_ids).to(self.dtype)  # [batch, slots, K, hidden]
-            fused = fused + self.token_proj(embeds)  # [batch, slots, K, mlp_hidden]
+            fused = fused + self._projected_embeds(candidate_ids)  # [batch, slots, K, mlp_hidden]
         z = F.silu(self.candidate_norm(fused))
         return z.expand(-1, -1, candidate_ids.shape[-1], -1)
 
@@ -146,33 +156,28 @@ class Corrector(nn.Module):
         return self.pair(torch.cat([hidden[:, :-1], hidden[:, 1:]], dim=-1))
 
     def candidate_features(self, logits: Tensor, logsumexp: Tensor | None) -> Tensor:
-        """f [batch, slots, K, features] from candidate logits [batch, slots, K] (sorted) and the
-        slots' log normalisers [batch, slots] (None: from the candidates alone)."""
-        if self.config.features == "logit":
-            return logits[..., None]
-        if logsumexp is None:
-            logsumexp = logits.logsumexp(dim=-1)
-        log_probs = logits - logsumexp[..., None]
-        top_k = logits.shape[-1]
-        rank = torch.arange(top_k, device=logits.device, dtype=logits.dtype) / top_k
-        columns = [
-            logits,
-            log_probs,
-            log_probs.exp(),
-            logits - logits[..., :1],
-            rank.expand_as(logits),
-            (rank == 0).to(logits.dtype).expand_as(logits),
-            torch.zeros_like(logits),  # is-anchor
-        ]
-        return torch.stack(columns, dim=-1)
+        """dcoco.models.candidate_features for this corrector's kind and trained top-k."""
+        return candidate_features(logits, logsumexp, self.config.features, self.config.top_k)
 
-    def forward(self, hidden: Tensor, logits: Tensor, anchor_ids: Tensor | None = None) -> Scores:
+    def forward(
+        self,
+        hidden: Tensor,
+        logits: Tensor,
+        anchor_ids: Tensor | None = None,
+        top_k: int | None = None,
+    ) -> Scores:
         """Scores from one drafter pass: hidden [batch, slots, hidden], logits [batch, slots,
-        vocab], anchor_ids [batch] (needed with `anchor`). Needs K <= vocab."""
-        logits = logits.float()  # once: both reductions below read the whole vocabulary
-        # Sorted, so index 0 at each slot is the drafter's own argmax token.
-        candidate_logits, candidate_ids = logits.topk(self.config.top_k, dim=-1)
-        logsumexp = logits.logsumexp(dim=-1) if self.config.features != "logit" else None
+        vocab], anchor_ids [batch] (needed with `anchor`); `top_k` candidates per slot, at most
+        the trained K (None: K). Needs K <= vocab."""
+        top_k = top_k or self.config.top_k
+        if top_k > self.config.top_k:
+            raise DcocoError(
+                f"the corrector was trained on the top {self.config.top_k} candidates; it cannot "
+                f"walk {top_k}"
+            )
+        candidate_logits, candidate_ids, logsumexp = top_candidates(
+            logits, top_k, normaliser=self.config.features != "logit"
+        )
         return self.score(hidden, candidate_logits, candidate_ids, logsumexp, anchor_ids)
 
     def score(
@@ -200,16 +205,19 @@ class Corrector(nn.Module):
         w_pair, w_from, w_to = self.delta_in.weight.split(
             [width, width + feature_width, width + feature_width], dim=1
         )
-        pre = (
-            F.linear(pair, w_pair, self.delta_in.bias)[:, :, None, None]
-            + F.linear(candidates[:, :-1], w_from)[:, :, :, None]  # a at slot p
-            + F.linear(candidates[:, 1:], w_to)[:, :, None, :]  # b at slot p + 1
-        )  # [batch, slots' - 1, K, K, mlp_hidden]
-        counted = None
+        counted = scaled_counts = None
         if self.config.pair_counts:
             counted = self.pair_counts(ids[:, :-1], ids[:, 1:])  # [batch, slots' - 1, K, K]
-            pre = pre + (counted.clamp(min=-30.0) / 10.0).to(self.dtype)[..., None] * self.bigram_in
-        delta = self.delta_out(F.silu(pre)).squeeze(-1).float()  # [batch, slots' - 1, K, K]
+            scaled_counts = (counted.clamp(min=-30.0) / 10.0).to(self.dtype)
+        delta = delta_grid(
+            F.linear(pair, w_pair, self.delta_in.bias),
+            F.linear(candidates[:, :-1], w_from),  # a at slot p
+            F.linear(candidates[:, 1:], w_to),  # b at slot p + 1
+            self.delta_out,
+            scaled_counts,
+            self.bigram_in if counted is not None else None,
+            self._grid_scratch,
+        )  # [batch, slots' - 1, K, K]
         if self.config.successor_query:
             delta = delta + self._query_term(pair, z[:, :-1], ids[:, 1:])
         if counted is not None:
@@ -226,24 +234,39 @@ class Corrector(nn.Module):
     def _with_anchor(self, hidden, candidate_ids, features, anchor_ids):
         """hidden, ids and features with the anchor as a virtual slot before slot 0: slot 0's
         hidden state, the anchor token as every candidate, features of a certain top-1."""
-        anchor_features = torch.zeros_like(features[:, :1])  # [batch, 1, K, features]
-        if self.config.features == "normalised":  # log p = gap = rank = 0: p, top-1, anchor = 1
-            anchor_features[..., 2] = 1.0
-            anchor_features[..., 5:] = 1.0
         ids = anchor_ids.view(-1, 1, 1).expand(-1, 1, candidate_ids.shape[-1])
         return (
             torch.cat([hidden[:, :1], hidden], dim=1),
             torch.cat([ids.to(candidate_ids.dtype), candidate_ids], dim=1),
-            torch.cat([anchor_features, features], dim=1),
+            torch.cat([anchor_features(features, self.config.features), features], dim=1),
         )
 
+    def _projected_embeds(self, ids: Tensor) -> Tensor:
+        """token_proj(E[ids]) [..., mlp_hidden]; at inference a row gather from its table."""
+        embedding = self._shared[0]
+        if torch.is_grad_enabled():
+            return self.token_proj(embedding(ids).to(self.dtype))
+        weights = (self.token_proj.weight,)
+        return self._token_table.rows(ids, embedding.weight, weights, self.dtype)
+
     def _query_term(self, pair: Tensor, z_from: Tensor, to_ids: Tensor) -> Tensor:
-        """<q(s_p, z[p, a]), E[b]> / sqrt(hidden) [batch, slots - 1, K, K]."""
-        pair = pair[:, :, None].expand(-1, -1, z_from.shape[2], -1)
-        query = self.query_out(F.silu(self.query_in(torch.cat([pair, z_from], dim=-1))))
-        successors = self._shared[0](to_ids).to(self.dtype)  # [batch, slots - 1, K, hidden]
+        """<q(s_p, z[p, a]), E[b]> / sqrt(hidden) [batch, slots - 1, K, K], q = W_q2 u.
+
+        At inference the dot product runs as <u, W_q2^T E[b]>, W_q2^T E tabled over the
+        vocabulary: equal up to rounding, without the per-candidate W_q2 product."""
+        width = self.config.mlp_hidden
+        w_pair, w_from = self.query_in.weight.split([width, width], dim=1)
+        pre = F.linear(pair, w_pair, self.query_in.bias)[:, :, None] + F.linear(z_from, w_from)
+        query = F.silu(pre)  # [batch, slots - 1, K, mlp_hidden]: u, once per pair and candidate a
         scale = self.config.hidden_size**-0.5
-        return torch.einsum("bpah,bpkh->bpak", query, successors).float() * scale
+        embedding = self._shared[0]
+        if torch.is_grad_enabled():
+            successors = embedding(to_ids).to(self.dtype)  # [batch, slots - 1, K, hidden]
+            dots = torch.einsum("bpah,bpkh->bpak", self.query_out(query), successors)
+            return dots.float() * scale
+        weights = (self.query_out.weight,)
+        successors = self._successor_table.rows(to_ids, embedding.weight, weights, self.dtype)
+        return torch.einsum("bpaw,bpkw->bpak", query, successors).float() * scale
 
     def select(
         self,
@@ -252,10 +275,11 @@ class Corrector(nn.Module):
         anchor_ids: Tensor,
         selection: str | None = None,
     ) -> Tensor:
-        """Draft token ids [batch, slots] by the rule named `selection` (default: greedy)."""
-        rule = SELECTION_RULES[check_selection(selection or DEFAULT_SELECTION)]
-        scores = self(hidden, logits, anchor_ids)
-        return selected_token_ids(scores, rule(scores))
+        """Draft token ids [batch, slots] by the rule named `selection` (default: greedy), over
+        the top K candidates it names (`greedy/4`; default: the trained top-k)."""
+        rule, top_k = split_selection(selection or DEFAULT_SELECTION)
+        scores = self(hidden, logits, anchor_ids, top_k)
+        return selected_token_ids(scores, SELECTION_RULES[rule](scores))
 
     def training_loss(self, batch: HeadBatch) -> HeadLoss:
         """The loss named by the config (dcoco.models.corrector_loss) and the walk's

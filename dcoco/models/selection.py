@@ -6,6 +6,8 @@ scores L[0, k_0] (or start[k_0]) + sum_p S[p, k_p, k_{p+1}].
 
 The rule is a decoding choice, not a weight: callers pass its name to `Corrector.select` on every
 call (`METHOD:SELECTION` in dcoco.decode.methods; the drafter config's `dcoco_selection` in vLLM).
+So is the number of candidates it walks: `RULE/K` keeps only the drafter's top K of the
+corrector's trained top-k per slot (`greedy/4`), a K^2 / k^2 share of the transition grid.
 """
 
 from __future__ import annotations
@@ -111,7 +113,22 @@ SELECTION_RULES: dict[str, Callable[[Scores], Tensor]] = {
 }
 
 
-def check_selection(rule: str) -> str:
+def split_selection(selection: str) -> tuple[str, int | None]:
+    """`RULE` or `RULE/K` -> (rule, K or None). K: re-select among the drafter's top K only, not
+    the corrector's trained top-k (fewer K x K transitions to score; K <= the trained one)."""
+    rule, slash, count = selection.partition("/")
     if rule not in SELECTION_RULES:
-        raise DcocoError(f"unknown selection '{rule}': choose one of {', '.join(SELECTION_RULES)}")
-    return rule
+        raise DcocoError(
+            f"unknown selection '{selection}': choose one of {', '.join(SELECTION_RULES)}, "
+            "optionally /K (greedy/4)"
+        )
+    if not slash:
+        return rule, None
+    if not count.isdigit() or int(count) < 1:
+        raise DcocoError(f"selection '{selection}': K in RULE/K must be a whole number >= 1")
+    return rule, int(count)
+
+
+def check_selection(selection: str) -> str:
+    split_selection(selection)
+    return selection

@@ -280,7 +280,7 @@ def with_selection(path: Path, selection: str) -> Path:
 
     source = path.resolve()
     digest = hashlib.sha1(str(source).encode()).hexdigest()[:10]
-    view = paths.cache_dir() / "serve" / f"{source.name}-{digest}-{selection}"
+    view = paths.cache_dir() / "serve" / f"{source.name}-{digest}-{selection.replace('/', '-k')}"
     view.mkdir(parents=True, exist_ok=True)
     for item in source.iterdir():
         link = view / item.name

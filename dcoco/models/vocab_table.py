@@ -1,0 +1,44 @@
+"""A linear map of the target's token embedding, tabled over the whole vocabulary for inference.
+
+The corrector projects the embedding of each of its K candidates per slot (z's token part, the
+successor query's E[b]). At inference that is a matmul over batch x slots x K embedding rows,
+recomputed every step for the same few thousand token ids; a table of the projected embedding
+(vocab x width) turns it into a row gather. The table is rebuilt whenever a tensor it was made
+from changes (another tensor, an in-place update such as an optimiser step, a new dtype or
+device), so it can never serve stale weights. Training (grad enabled) never uses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+CHUNK_ROWS = 4096  # embedding rows projected at once when building: bounds the temporary
+
+
+class VocabTable:
+    def __init__(self, project: Callable[[Tensor], Tensor]):
+        self._project = project  # embedding rows [rows, hidden] -> projected rows [rows, width]
+        self._key: tuple | None = None
+        self._table: Tensor | None = None
+
+    def rows(self, ids: Tensor, embedding: Tensor, sources: tuple[Tensor, ...], dtype) -> Tensor:
+        """project(embedding[ids].to(dtype)) [..., width] for token ids [...]; `sources` are the
+        tensors `project` reads, whose identity and version key the table."""
+        key = (dtype,) + tuple(
+            (tensor.data_ptr(), tensor._version, tensor.dtype, tensor.device)
+            for tensor in (embedding, *sources)
+        )
+        if key != self._key:
+            self._table = None  # free the old table before building the new one
+            with torch.no_grad():
+                self._table = torch.cat(
+                    [
+                        self._project(embedding[start : start + CHUNK_ROWS].to(dtype))
+                        for start in range(0, embedding.shape[0], CHUNK_ROWS)
+                    ]
+                )
+            self._key = key
+        return self._table[ids]
