@@ -40,6 +40,8 @@ def test_a_drafter_spec_resolves_its_checkpoint_slots_and_selection(tiny_llama_t
     assert resolve_method(f"dcoco@{headed}", tiny_llama_target, options).selection == "global"
     keep1 = resolve_method(f"dcoco:keep1@{headed}", tiny_llama_target, options)
     assert (keep1.head_kind, keep1.selection) == ("dcoco", "keep1")
+    walk4 = resolve_method(f"dcoco:greedy/4@{headed}", tiny_llama_target, options)
+    assert walk4.selection == "greedy/4"
     # the drafter part of a head checkpoint decodes in our engine, but vLLM would build its head
     assert resolve_method(f"dflash@{headed}", tiny_llama_target, options).head_kind == "dcoco"
     with pytest.raises(DcocoError, match="holds a dcoco head: serve it with --method dcoco"):
@@ -53,6 +55,8 @@ def test_a_drafter_spec_resolves_its_checkpoint_slots_and_selection(tiny_llama_t
         ("dspark@{headed}", "carries a dcoco head, not the dspark head"),
         ("dflash@{plain}/nowhere", "no checkpoint for dflash"),
         ("dflash:keep1@{plain}", "only dcoco takes a selection rule"),
+        ("dcoco:greedy/5@{headed}", "walks 5 candidates, but the corrector .* top 4"),
+        ("dcoco:greedy/0@{headed}", "K in RULE/K must be a whole number"),
     ],
 )
 def test_a_spec_that_does_not_fit_its_checkpoint_is_one_clear_error(
@@ -72,3 +76,19 @@ def test_lookup_and_plain_need_no_checkpoint(tiny_llama_target):
         resolve_method("pld", tiny_llama_target, MethodOptions(num_draft_tokens=12)).max_slots == 12
     )
     assert resolve_method("plain", tiny_llama_target, MethodOptions()).path is None
+
+
+def test_a_served_selection_with_k_is_a_view_of_the_checkpoint(checkpoints, tmp_path, monkeypatch):
+    """`dcoco serve --method dcoco:greedy/4`: vLLM reads the rule from a linked view of the
+    checkpoint whose config names it; the view's name holds no path separator."""
+    import json
+
+    from dcoco.models.head_io import SELECTION_KEY
+    from dcoco.serving.serve import with_selection
+
+    monkeypatch.setenv("DCOCO_CACHE_DIR", str(tmp_path / "cache"))
+    _, headed = checkpoints
+    view = with_selection(headed, "greedy/4")
+    assert view.parent == tmp_path / "cache" / "serve" and view.name.endswith("-greedy-k4")
+    assert json.loads((view / "config.json").read_text())[SELECTION_KEY] == "greedy/4"
+    assert (view / "model.safetensors").resolve() == (headed / "model.safetensors").resolve()

@@ -20,9 +20,9 @@ from dcoco.decode.proposers import PromptLookupProposer, Proposer
 from dcoco.errors import DcocoError
 from dcoco.models.catalogue import default_checkpoint
 from dcoco.models.drafter_io import CONFIG_FILE, read_drafter_config
-from dcoco.models.head_io import head_kind_of
+from dcoco.models.head_io import HEAD_KEY, head_kind_of
 from dcoco.models.packed_linear import pack_linears
-from dcoco.models.selection import check_selection
+from dcoco.models.selection import check_selection, split_selection
 from dcoco.models.target import TargetModel
 from dcoco.paths import checkpoints_dir
 
@@ -133,7 +133,20 @@ def resolve_method(method: str, target, options: MethodOptions, serving: bool = 
     if serving and spec.method not in HEAD_METHODS and kind is not None:
         raise DcocoError(f"{path} holds a {kind} head: serve it with --method {kind}")
     selection = (spec.selection or options.selection) if spec.method == "dcoco" else None
+    if selection:
+        _check_candidates(method, path, selection)
     return ResolvedMethod(spec, path, kind, drafter_config.block_size - 1, selection)
+
+
+def _check_candidates(method: str, path: Path, selection: str) -> None:
+    """RULE/K walks at most the candidates the corrector was trained on."""
+    walked = split_selection(check_selection(selection))[1]
+    trained = (read_drafter_config(path)[1].get(HEAD_KEY) or {}).get("top_k")
+    if walked and trained and walked > trained:
+        raise DcocoError(
+            f"'{method}': selection '{selection}' walks {walked} candidates, but the corrector at "
+            f"{path} was trained on the top {trained}"
+        )
 
 
 def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> Proposer | None:
