@@ -7,6 +7,7 @@ import importlib
 import json
 import shutil
 import threading
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -334,3 +335,35 @@ def test_compare_tables_give_ratios_to_plain_and_dcocos_margins():
     assert "| dflash | 0 | 1.25× | 1.05× |" in margins
     # the best sequential head per level: dspark at 1 stream (90), domino at 8 (160)
     assert "| best sequential head | 0 | 1.11× | 1.25× |" in margins
+
+
+def test_the_auto_layout_of_a_drafter_also_times_drafting_nothing(
+    serve_dirs, tmp_path, monkeypatch
+):
+    """`--layout auto --dtype auto` with a measured schedule: each layout and dtype is also timed
+    with a schedule of K = 0, so a precision that decodes one token at a time faster wins even
+    where another drafts faster (rates from the AVX2 Zen 3: fp32 drafting 12.3, bf16 plain-like
+    16.4)."""
+    from dcoco.serving import layout, serve
+
+    monkeypatch.setenv("DCOCO_CACHE_DIR", str(tmp_path / "cache"))
+    target, drafter = serve_dirs
+    rates = {("float32", True): 12.3, ("bfloat16", True): 7.3,
+             ("float32", False): 13.1, ("bfloat16", False): 16.4}  # fmt: skip
+    probed = []
+
+    def probe(python, argv, name):
+        spec = json.loads(argv[argv.index("--speculative-config") + 1])
+        drafts = "num_speculative_tokens_per_batch_size" not in spec
+        assert drafts or spec["num_speculative_tokens_per_batch_size"] == [[1, 1 << 16, 0]]
+        probed.append((name, argv[argv.index("--dtype") + 1], drafts))
+        return rates[probed[-1][1:]] + (0.5 if name == "all-cores" else 0.0)
+
+    monkeypatch.setattr(layout, "probe_layout", probe)
+    config = ServeConfig(target=str(target), checkpoint=str(drafter), python="/opt/py")
+    chosen, dtype, _, argv = serve._measured_setup(config)
+    assert (chosen, dtype) == ("all-cores", "bf16") and len(probed) == 8
+    assert "num_speculative_tokens_per_batch_size" in argv[argv.index("--speculative-config") + 1]
+    probed.clear()  # a schedule fixed by the user is timed as it is
+    serve._measured_setup(replace(config, draft_schedule="fixed", dtype="fp32"))
+    assert sorted(probed) == [("all-cores", "float32", True), ("vllm-default", "float32", True)]

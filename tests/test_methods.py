@@ -84,7 +84,7 @@ def test_a_served_selection_with_k_is_a_view_of_the_checkpoint(checkpoints, tmp_
     import json
 
     from dcoco.models.head_io import SELECTION_KEY
-    from dcoco.serving.serve import with_selection
+    from dcoco.serving.checkpoint_view import with_selection
 
     monkeypatch.setenv("DCOCO_CACHE_DIR", str(tmp_path / "cache"))
     _, headed = checkpoints

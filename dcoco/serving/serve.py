@@ -18,7 +18,6 @@ python is used (`make venv-vllm`; dcoco.paths.find_vllm_python, `$DCOCO_VLLM_VEN
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shlex
 import signal
@@ -37,6 +36,7 @@ from dcoco.serving.layout import AUTO_DTYPES, LAYOUTS, check_layout, choose_setu
 
 METHODS = ("plain", "ngram", "dflash", "dcoco", "dspark", "domino")
 NGRAM_SLOTS = 7  # vLLM ngram's draft tokens when --num-speculative-tokens is 0
+NO_DRAFTS = "1-:0"  # a draft schedule that drafts nothing at any load
 API_SERVER = "vllm.entrypoints.openai.api_server"
 GUARD = "dcoco.serving.request_guard.RequestGuard"  # vLLM's --middleware imports it in its process
 
@@ -138,20 +138,25 @@ def _measured_setup(config: ServeConfig) -> tuple[str, str, str, list[str]]:
     from dcoco.decode.cost_curve import machine_fingerprint
 
     dtypes = AUTO_DTYPES if config.dtype == "auto" else (config.dtype,)
+    variants = {"": config}
+    if config.draft_schedule == "auto" and _served_spec(config).method != "plain":
+        # the measured schedule may draft nothing at any load: time that at each dtype too
+        variants["no-drafts"] = replace(config, draft_schedule=NO_DRAFTS)
     candidates, python = {}, ""
     for dtype in dtypes:
-        python, argv = build_command(replace(config, dtype=dtype))
-        candidates.update({(name, dtype): argv for name in LAYOUTS})
+        for variant, served_as in variants.items():
+            python, argv = build_command(replace(served_as, dtype=dtype))
+            candidates.update({(name, dtype, variant)[: 3 if variant else 2]: argv
+                               for name in LAYOUTS})  # fmt: skip
     served = (config.method, config.checkpoint, config.target, config.max_num_seqs)
-    (layout, dtype), rates = choose_setup(
-        python, candidates, {**machine_fingerprint(), "served": served}
-    )
+    best, rates = choose_setup(python, candidates, {**machine_fingerprint(), "served": served})
+    layout, dtype = best[:2]
     measured = ", ".join(f"{name} {rate:.1f}" for name, rate in rates.items())
     print(
         f"dcoco: vLLM layout {layout}, dtype {dtype} (tokens/s at one stream: {measured})",
         file=sys.stderr,
     )
-    argv = candidates[(layout, dtype)]
+    argv = candidates[best]
     print(shlex.join([python, *argv]), file=sys.stderr)
     return layout, dtype, python, argv
 
@@ -260,7 +265,12 @@ def _drafter_config(config: ServeConfig) -> dict:
             f"num-speculative-tokens must be in 1..{resolved.max_slots} for this drafter"
         )
     path, selection = resolved.path, resolved.spec.selection
-    model = with_selection(path, selection) if selection else path.resolve()
+    if selection:
+        from dcoco.serving.checkpoint_view import with_selection
+
+        model = with_selection(path, selection)
+    else:
+        model = path.resolve()
     # vLLM drops a prefix-cache hit's last block for EAGLE-like drafters (their K/V needs the next
     # token); a DFlash drafter's context K/V needs only the position's own hidden state. The drop
     # cut the bench's hit rate to 7% against plain's 36% (docs/serving.md).
@@ -270,25 +280,6 @@ def _drafter_config(config: ServeConfig) -> dict:
         "num_speculative_tokens": num,
         "disable_eagle_block_drop": True,
     }
-
-
-def with_selection(path: Path, selection: str) -> Path:
-    """A view of checkpoint `path` whose config.json names the corrector's `selection` rule (its
-    other files linked): vLLM's worker builds the head from that config."""
-    from dcoco.models.drafter_io import CONFIG_FILE
-    from dcoco.models.head_io import SELECTION_KEY
-
-    source = path.resolve()
-    digest = hashlib.sha1(str(source).encode()).hexdigest()[:10]
-    view = paths.cache_dir() / "serve" / f"{source.name}-{digest}-{selection.replace('/', '-k')}"
-    view.mkdir(parents=True, exist_ok=True)
-    for item in source.iterdir():
-        link = view / item.name
-        if item.name != CONFIG_FILE and not link.is_symlink():
-            link.symlink_to(item)
-    hf = json.loads((source / CONFIG_FILE).read_text())
-    (view / CONFIG_FILE).write_text(json.dumps({**hf, SELECTION_KEY: selection}, indent=2) + "\n")
-    return view
 
 
 COMMAND = Command(
