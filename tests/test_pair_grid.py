@@ -133,3 +133,17 @@ def test_top_candidates_in_chunks_equal_one_piece(monkeypatch, dtype):
     assert torch.equal(ids, whole.topk(6, dim=-1).indices)
     assert torch.equal(normaliser, whole.logsumexp(dim=-1))
     assert candidates.top_candidates(logits, 6, normaliser=False)[2] is None
+
+
+def test_prepared_tables_are_not_built_again_by_the_first_draft():
+    corrector = make_corrector(randomise=True, features="normalised", successor_query=True)
+    builds = []
+    for table in (corrector._token_table, corrector._successor_table):
+        project = table._project
+        table._project = lambda rows, project=project: builds.append(1) or project(rows)
+    corrector.prepare_inference()
+    built = len(builds)
+    hidden, logits, anchors = random_block(2, seed=10)
+    with torch.inference_mode():
+        corrector.select(hidden, logits, anchors)
+    assert built > 0 and len(builds) == built

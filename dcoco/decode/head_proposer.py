@@ -51,6 +51,9 @@ class HeadProposer(DFlashProposer):
                 f"{head.kind} head top-k {top_k} exceeds the vocab size {drafter.config.vocab_size}"
             )
         self.head = head
+        prepare = getattr(head, "prepare_inference", None)  # tables built before any timed draft
+        if prepare is not None:
+            prepare()
         if selection and head.kind != "dcoco":
             raise DcocoError(f"a {head.kind} head takes no selection rule (only dcoco does)")
         self.selection = check_selection(selection) if selection else None
