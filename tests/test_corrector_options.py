@@ -16,6 +16,7 @@ from dcoco.decode.dflash_proposer import DFlashProposer
 from dcoco.decode.engine import Engine
 from dcoco.decode.head_proposer import HeadProposer
 from dcoco.errors import DcocoError
+from dcoco.models.candidate_features import with_anchor_slot
 from dcoco.models.corrector import Corrector, CorrectorConfig
 from dcoco.models.corrector_loss import with_labels_inserted
 from dcoco.models.drafter import BlockDrafter, DrafterConfig
@@ -78,7 +79,8 @@ def naive_scores(corrector: Corrector, hidden, logits, anchors):
     values, ids = logits.topk(TOP_K, dim=-1)
     features = corrector.candidate_features(values, logits.logsumexp(dim=-1))
     if corrector.config.anchor:
-        hidden, ids, features = corrector._with_anchor(hidden, ids, features, anchors)
+        kind = corrector.config.features
+        hidden, ids, features = with_anchor_slot(hidden, ids, features, anchors, kind)
         values = torch.cat([torch.zeros_like(values[:, :1]), values], dim=1)
     z = corrector.candidate_repr(hidden, ids)
     pair = corrector.pair_state(hidden)

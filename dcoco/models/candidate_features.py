@@ -75,3 +75,17 @@ def anchor_features(features: Tensor, kind: str) -> Tensor:
         anchor[..., 2] = 1.0
         anchor[..., 5:] = 1.0
     return anchor
+
+
+def with_anchor_slot(
+    hidden: Tensor, candidate_ids: Tensor, features: Tensor, anchor_ids: Tensor, kind: str
+) -> tuple[Tensor, Tensor, Tensor]:
+    """hidden [batch, slots, hidden], ids and features [batch, slots, K, *] with the anchor
+    `anchor_ids` [batch] as a virtual slot before slot 0: slot 0's hidden state, the anchor token
+    as every candidate, features of a certain top-1 (one more slot each)."""
+    ids = anchor_ids.view(-1, 1, 1).expand(-1, 1, candidate_ids.shape[-1])
+    return (
+        torch.cat([hidden[:, :1], hidden], dim=1),
+        torch.cat([ids.to(candidate_ids.dtype), candidate_ids], dim=1),
+        torch.cat([anchor_features(features, kind), features], dim=1),
+    )

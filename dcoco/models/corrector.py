@@ -36,24 +36,23 @@ from dcoco.errors import DcocoError
 from dcoco.models.candidate_features import (
     FEATURE_WIDTH,
     FEATURES,
-    anchor_features,
     candidate_features,
     top_candidates,
+    with_anchor_slot,
 )
 from dcoco.models.corrector_loss import LOSSES, corrector_training_loss
+from dcoco.models.grid_parts import MAX_PAIRS, GridParts, query_term
 from dcoco.models.heads import HeadBatch, HeadLoss
 from dcoco.models.pair_counts import PairCounts
-from dcoco.models.pair_grid import GridScratch, delta_grid
+from dcoco.models.pair_grid import GridScratch
 from dcoco.models.selection import (
     DEFAULT_SELECTION,
     SELECTION_RULES,
+    WALKS,
     Scores,
-    selected_token_ids,
     split_selection,
 )
 from dcoco.models.vocab_table import VocabTable
-
-MAX_PAIRS = 16  # slot pairs with a weight of their own for the pair counts (blocks up to 16)
 
 
 @dataclass(frozen=True)
@@ -169,16 +168,19 @@ class Corrector(nn.Module):
         """Scores from one drafter pass: hidden [batch, slots, hidden], logits [batch, slots,
         vocab], anchor_ids [batch] (needed with `anchor`); `top_k` candidates per slot, at most
         the trained K (None: K). Needs K <= vocab."""
-        top_k = top_k or self.config.top_k
-        if top_k > self.config.top_k:
+        return self.draft_parts(hidden, logits, anchor_ids, top_k).scores(self)
+
+    def draft_parts(self, hidden, logits, anchor_ids=None, top_k: int | None = None) -> GridParts:
+        """grid_parts of one drafter pass's top `top_k` candidates per slot (forward's inputs)."""
+        if top_k and top_k > self.config.top_k:
             raise DcocoError(
                 f"the corrector was trained on the top {self.config.top_k} candidates; it cannot "
                 f"walk {top_k}"
             )
         candidate_logits, candidate_ids, logsumexp = top_candidates(
-            logits, top_k, normaliser=self.config.features != "logit"
+            logits, top_k or self.config.top_k, normaliser=self.config.features != "logit"
         )
-        return self.score(hidden, candidate_logits, candidate_ids, logsumexp, anchor_ids)
+        return self.grid_parts(hidden, candidate_logits, candidate_ids, logsumexp, anchor_ids)
 
     def score(
         self,
@@ -190,12 +192,27 @@ class Corrector(nn.Module):
     ) -> Scores:
         """Scores of given candidates: ids and fp32 logits [batch, slots, K], sorted descending;
         the slots' log normalisers [batch, slots] for normalised features."""
+        parts = self.grid_parts(hidden, candidate_logits, candidate_ids, logsumexp, anchor_ids)
+        return parts.scores(self)
+
+    def grid_parts(
+        self,
+        hidden: Tensor,
+        candidate_logits: Tensor,
+        candidate_ids: Tensor,
+        logsumexp: Tensor | None = None,
+        anchor_ids: Tensor | None = None,
+    ) -> GridParts:
+        """Everything the transition scores are assembled from (dcoco.models.grid_parts): delta's
+        first layer projected once per slot pair and per candidate, and the successor query."""
         features = self.candidate_features(candidate_logits, logsumexp)
         z_hidden, ids = hidden, candidate_ids
         if self.config.anchor:
             if anchor_ids is None:
                 raise DcocoError("a corrector that re-selects slot 0 needs the anchor ids")
-            z_hidden, ids, features = self._with_anchor(hidden, candidate_ids, features, anchor_ids)
+            z_hidden, ids, features = with_anchor_slot(
+                hidden, candidate_ids, features, anchor_ids, self.config.features
+            )
         z = self.candidate_repr(z_hidden, ids)  # [batch, slots', K, mlp_hidden]
         candidates = torch.cat([z, features.to(self.dtype)], dim=-1)
         pair = self.pair_state(z_hidden)  # [batch, slots' - 1, mlp_hidden]
@@ -205,40 +222,21 @@ class Corrector(nn.Module):
         w_pair, w_from, w_to = self.delta_in.weight.split(
             [width, width + feature_width, width + feature_width], dim=1
         )
-        counted = scaled_counts = None
+        counted = query_dots = None
         if self.config.pair_counts:
             counted = self.pair_counts(ids[:, :-1], ids[:, 1:])  # [batch, slots' - 1, K, K]
-            scaled_counts = (counted.clamp(min=-30.0) / 10.0).to(self.dtype)
-        delta = delta_grid(
-            F.linear(pair, w_pair, self.delta_in.bias),
-            F.linear(candidates[:, :-1], w_from),  # a at slot p
-            F.linear(candidates[:, 1:], w_to),  # b at slot p + 1
-            self.delta_out,
-            scaled_counts,
-            self.bigram_in if counted is not None else None,
-            self._grid_scratch,
-        )  # [batch, slots' - 1, K, K]
         if self.config.successor_query:
-            delta = delta + self._query_term(pair, z[:, :-1], ids[:, 1:])
-        if counted is not None:
-            pairs = torch.arange(counted.shape[1], device=counted.device).clamp(max=MAX_PAIRS - 1)
-            delta = delta + self.bigram_scale[pairs].float()[None, :, None, None] * counted
-        # L stays fp32 (not the corrector's dtype), so a bf16 corrector cannot round distinct
-        # logits into ties.
-        transitions = candidate_logits[:, 0 if self.config.anchor else 1 :, None, :] + delta
-        if not self.config.anchor:
-            return Scores(candidate_ids, candidate_logits, transitions)
-        # The anchor's K rows are one candidate repeated: its row 0 is slot 0's start scores.
-        return Scores(candidate_ids, candidate_logits, transitions[:, 1:], transitions[:, 0, 0])
-
-    def _with_anchor(self, hidden, candidate_ids, features, anchor_ids):
-        """hidden, ids and features with the anchor as a virtual slot before slot 0: slot 0's
-        hidden state, the anchor token as every candidate, features of a certain top-1."""
-        ids = anchor_ids.view(-1, 1, 1).expand(-1, 1, candidate_ids.shape[-1])
-        return (
-            torch.cat([hidden[:, :1], hidden], dim=1),
-            torch.cat([ids.to(candidate_ids.dtype), candidate_ids], dim=1),
-            torch.cat([anchor_features(features, self.config.features), features], dim=1),
+            query, successors = self._query_parts(pair, z[:, :-1], ids[:, 1:])
+            query_dots = query_term(query, successors, self.config.hidden_size)
+        return GridParts(
+            candidate_ids=candidate_ids,
+            candidate_logits=candidate_logits,
+            pair=F.linear(pair, w_pair, self.delta_in.bias),
+            from_pre=F.linear(candidates[:, :-1], w_from),  # a at slot p
+            to_pre=F.linear(candidates[:, 1:], w_to),  # b at slot p + 1
+            counted=counted,
+            query_dots=query_dots,
+            anchor=self.config.anchor,
         )
 
     def prepare_inference(self) -> None:
@@ -260,24 +258,20 @@ class Corrector(nn.Module):
         weights = (self.token_proj.weight,)
         return self._token_table.rows(ids, embedding.weight, weights, self.dtype)
 
-    def _query_term(self, pair: Tensor, z_from: Tensor, to_ids: Tensor) -> Tensor:
-        """<q(s_p, z[p, a]), E[b]> / sqrt(hidden) [batch, slots - 1, K, K], q = W_q2 u.
-
-        At inference the dot product runs as <u, W_q2^T E[b]>, W_q2^T E tabled over the
-        vocabulary: equal up to rounding, without the per-candidate W_q2 product."""
+    def _query_parts(self, pair: Tensor, z_from: Tensor, to_ids: Tensor) -> tuple[Tensor, Tensor]:
+        """The successor term's two sides: u [batch, slots - 1, K, mlp_hidden], once per pair and
+        candidate a, and what it meets for candidate b [batch, slots - 1, K, *]: E[b] in training
+        (u is then W_q2 u), W_q2^T E[b] from a vocabulary table at inference (equal up to
+        rounding, without the per-candidate W_q2 product); grid_parts.query_term dots them."""
         width = self.config.mlp_hidden
         w_pair, w_from = self.query_in.weight.split([width, width], dim=1)
         pre = F.linear(pair, w_pair, self.query_in.bias)[:, :, None] + F.linear(z_from, w_from)
-        query = F.silu(pre)  # [batch, slots - 1, K, mlp_hidden]: u, once per pair and candidate a
-        scale = self.config.hidden_size**-0.5
+        query = F.silu(pre)
         embedding = self._shared[0]
         if torch.is_grad_enabled():
-            successors = embedding(to_ids).to(self.dtype)  # [batch, slots - 1, K, hidden]
-            dots = torch.einsum("bpah,bpkh->bpak", self.query_out(query), successors)
-            return dots.float() * scale
+            return self.query_out(query), embedding(to_ids).to(self.dtype)
         weights = (self.query_out.weight,)
-        successors = self._successor_table.rows(to_ids, embedding.weight, weights, self.dtype)
-        return torch.einsum("bpaw,bpkw->bpak", query, successors).float() * scale
+        return query, self._successor_table.rows(to_ids, embedding.weight, weights, self.dtype)
 
     def select(
         self,
@@ -287,10 +281,15 @@ class Corrector(nn.Module):
         selection: str | None = None,
     ) -> Tensor:
         """Draft token ids [batch, slots] by the rule named `selection` (default: greedy), over
-        the top K candidates it names (`greedy/4`; default: the trained top-k)."""
+        the top K candidates it names (`greedy/4`; default: the trained top-k). Outside autograd
+        and on large enough grids the prefix-first walks score only the rows they read."""
         rule, top_k = split_selection(selection or DEFAULT_SELECTION)
-        scores = self(hidden, logits, anchor_ids, top_k)
-        return selected_token_ids(scores, SELECTION_RULES[rule](scores))
+        parts = self.draft_parts(hidden, logits, anchor_ids, top_k)
+        if rule in WALKS and parts.walk_pays():
+            indices = parts.walk(self, WALKS[rule])  # [batch, slots]
+        else:
+            indices = SELECTION_RULES[rule](parts.scores(self))
+        return parts.candidate_ids.gather(-1, indices[..., None]).squeeze(-1)
 
     def training_loss(self, batch: HeadBatch) -> HeadLoss:
         """The loss named by the config (dcoco.models.corrector_loss) and the walk's

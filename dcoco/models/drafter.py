@@ -23,7 +23,7 @@ from transformers import DynamicCache
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, rotate_half
 
 from dcoco.errors import DcocoError
-from dcoco.models.cache import cache_length, crop_cache
+from dcoco.models.cache import cache_length, crop_cache, new_cache
 from dcoco.models.copy_hints import add_copy_bonus
 
 DEFAULT_NUM_TAPS = 3
@@ -326,7 +326,7 @@ class BlockDrafter(nn.Module):
 
     def new_cache(self) -> DynamicCache:
         """An empty cache for the context K/V of every draft layer."""
-        return DynamicCache()
+        return new_cache()
 
     @torch.inference_mode()
     def draft(

@@ -3,12 +3,14 @@
 Loads the shipped corrector (CHECKPOINT, default dcoco-joint-12k) at each precision and times
 `select` on one drafted block per request (7 slots, random drafter hidden states and logits over
 the whole vocabulary; the cost does not depend on their values) for 1-32 requests:
-- `inference`: as the engine and the vLLM plugin run it (no autograd: the grid in cache-sized
-  chunks, the embedding projections gathered from their vocabulary tables), at the trained top-k
-  and at the fewer candidates `greedy/K` walks;
+- `inference`: as the engine and the vLLM plugin run it (no autograd: the embedding projections
+  gathered from their vocabulary tables; the walk's rows from WALK_MIN_CELLS transitions on, the
+  whole grid in cache-sized chunks below), at the trained top-k and at the fewer candidates
+  `greedy/K` walks; `(grid)` and `(walk)` force one of the two at every size;
 - `training form`: the same scores through the autograd form (grad on), which is how inference
   ran before the chunked grid and the tables.
-Prints the median milliseconds of 15 calls per cell; ratios are within this one run.
+The variants of one cell run in alternation, call after call, so load elsewhere on the machine
+hits them alike. Prints the median milliseconds of 15 calls; ratios are within this one run.
 
 Usage: .venv/bin/python scripts/reproduce/corrector_cost.py [CHECKPOINT] [K,K,...] [DTYPE,...]
   (defaults: dcoco-joint-12k 16,8,4 fp32,bf16)
@@ -16,13 +18,13 @@ Usage: .venv/bin/python scripts/reproduce/corrector_cost.py [CHECKPOINT] [K,K,..
 
 from __future__ import annotations
 
-import functools
 import statistics
 import sys
 import time
 
 import torch
 
+import dcoco.models.grid_parts as grid_parts
 from dcoco.models.drafter_io import load_drafter
 from dcoco.models.head_io import load_head
 from dcoco.models.loading import load_target
@@ -31,15 +33,38 @@ from dcoco.paths import checkpoints_dir
 TARGET, SLOTS, BATCHES, CALLS = "smollm2-135m-instruct", 7, (1, 4, 8, 16, 32), 15
 
 
-def median_ms(call) -> float:
-    for _ in range(3):
-        call()
-    times = []
-    for _ in range(CALLS):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+def interleaved_ms(calls: list) -> list[float]:
+    """Median ms of each of `calls`, run in turn CALLS times (after 3 warm-up rounds)."""
+    times: list[list[float]] = [[] for _ in calls]
+    for repeat in range(CALLS + 3):
+        for call, samples in zip(calls, times, strict=True):
+            start = time.perf_counter()
+            call()
+            if repeat >= 3:
+                samples.append(time.perf_counter() - start)
+    return [statistics.median(samples) * 1e3 for samples in times]
+
+
+def variant(head, block, selection: str, grad: bool, walk_from: float):
+    """One way to run `select`: autograd on or off, the walk from `walk_from` transitions on."""
+
+    def call():
+        grid_parts.WALK_MIN_CELLS = walk_from
+        with torch.enable_grad() if grad else torch.no_grad():
+            head.select(*block, selection=selection)
+
+    return call
+
+
+def random_blocks(head, target) -> dict[int, tuple]:
+    generator = torch.Generator().manual_seed(0)
+    blocks = {}
+    for b in BATCHES:
+        hidden = torch.randn(b, SLOTS, head.config.hidden_size, generator=generator)
+        logits = 4 * torch.randn(b, SLOTS, target.config.vocab_size, generator=generator)
+        anchors = torch.randint(0, target.config.vocab_size, (b,), generator=generator)
+        blocks[b] = (hidden.to(target.dtype), logits.to(target.dtype), anchors)
+    return blocks
 
 
 def main(checkpoint: str, counts: list[int], dtypes: list[str]) -> None:
@@ -48,32 +73,26 @@ def main(checkpoint: str, counts: list[int], dtypes: list[str]) -> None:
           f"{torch.get_num_threads()} threads")  # fmt: skip
     print("| dtype | path | " + " | ".join(f"{b} req" for b in BATCHES) + " |")
     print("|---|---|" + "--:|" * len(BATCHES))
+    default = grid_parts.WALK_MIN_CELLS
     for dtype in dtypes:
         target = load_target(TARGET, dtype)
         head = load_head(path, target, load_drafter(path, target))
-        generator = torch.Generator().manual_seed(0)
-        blocks = {
-            b: (
-                torch.randn(b, SLOTS, head.config.hidden_size, generator=generator),
-                4 * torch.randn(b, SLOTS, target.config.vocab_size, generator=generator),
-                torch.randint(0, target.config.vocab_size, (b,), generator=generator),
-            )
-            for b in BATCHES
-        }
-        blocks = {b: tuple(t.to(target.dtype) if t.is_floating_point() else t for t in block)
-                  for b, block in blocks.items()}  # fmt: skip
+        blocks = random_blocks(head, target)
         trained = head.config.top_k  # plain `greedy` walks it (and runs on older trees)
-        walks = {k: "greedy" if k == trained else f"greedy/{k}" for k in counts}
-        rows = [(f"inference, greedy/{k}", torch.no_grad, walk) for k, walk in walks.items()]
-        rows.append((f"training form, greedy/{trained}", torch.enable_grad, "greedy"))
-        for name, mode, selection in rows:
-            cells = []
-            for b in BATCHES:
-                with mode():
-                    call = functools.partial(head.select, *blocks[b], selection=selection)
-                    cells.append(median_ms(call))
-            print(f"| {dtype} | {name} | " + " | ".join(f"{ms:.2f}" for ms in cells) + " |",
-                  flush=True)  # fmt: skip
+        for k in counts:
+            walk = "greedy" if k == trained else f"greedy/{k}"
+            forced = (("", default), (" (grid)", float("inf")), (" (walk)", 0))
+            rows = [(f"inference{how}, greedy/{k}", False, least) for how, least in forced]
+            if k == trained:
+                rows.append((f"training form, greedy/{k}", True, default))
+            cells = [
+                interleaved_ms([variant(head, blocks[b], walk, g, least) for _, g, least in rows])
+                for b in BATCHES
+            ]
+            for i, (name, _, _) in enumerate(rows):
+                print(f"| {dtype} | {name} | " + " | ".join(f"{c[i]:.2f}" for c in cells) + " |",
+                      flush=True)  # fmt: skip
+    grid_parts.WALK_MIN_CELLS = default
 
 
 if __name__ == "__main__":

@@ -1,0 +1,71 @@
+"""What appending to the KV cache costs a decoding step: transformers' DynamicCache (one
+`torch.cat` of a layer's whole K/V per forward) against dcoco's growing cache (new positions
+written into spare room, dcoco.models.cache), at several context lengths.
+
+For each precision and context it times the target's forward over 1 token (a plain step) and
+over 8 (a 7-draft verify), cropping back after each call as the engine does. The two caches run
+in alternation, call after call, so load elsewhere on the machine hits both alike. Prints the
+median ms of REPEATS calls per cell and the ratio dynamic / growing (above 1: ours is faster);
+ratios are within this one run.
+
+Usage: .venv/bin/python scripts/reproduce/kv_cache_cost.py [DTYPE,...] [CONTEXT,...]
+  (defaults: fp32,gguf,bf16 and 300,1000,2000)
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+from transformers import DynamicCache
+
+from dcoco.decode.cost_curve import machine_fingerprint
+from dcoco.models.cache import crop_cache, new_cache
+from dcoco.models.loading import load_target
+
+TARGET, TOKENS, REPEATS = "smollm2-135m-instruct", (1, 8), 15
+
+
+def time_pair(target, ids, context: int, tokens: int) -> tuple[float, float]:
+    """Median ms of a forward over `tokens` after `context`, with each cache in alternation."""
+    caches = [DynamicCache(config=target.config), new_cache(target.config)]
+    for cache in caches:
+        target.forward(ids[:, :context], cache, last_logits_only=True)
+    block = ids[:, context : context + tokens]
+    times: list[list[float]] = [[], []]
+    for repeat in range(REPEATS + 2):
+        for which, cache in enumerate(caches):
+            start = time.perf_counter()
+            target.forward(block, cache)
+            if repeat >= 2:  # the first two calls warm the kernels
+                times[which].append(time.perf_counter() - start)
+            crop_cache(cache, context)
+    dynamic, growing = (statistics.median(t) * 1e3 for t in times)
+    return dynamic, growing
+
+
+def main(dtypes: list[str], contexts: list[int]) -> None:
+    machine = machine_fingerprint()
+    print(f"{machine['cpu']}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print("| dtype | context | tokens | DynamicCache ms | growing ms | ratio |")
+    print("|---|--:|--:|--:|--:|--:|")
+    generator = torch.Generator().manual_seed(0)
+    for dtype in dtypes:
+        target = load_target(TARGET, dtype, matmul="auto")
+        ids = torch.randint(0, target.info.vocab_size, (1, max(contexts) + max(TOKENS)),
+                            generator=generator)  # fmt: skip
+        for context in contexts:
+            for tokens in TOKENS:
+                dynamic, growing = time_pair(target, ids, context, tokens)
+                print(f"| {dtype} | {context} | {tokens} | {dynamic:.2f} | {growing:.2f} | "
+                      f"{dynamic / growing:.2f} |", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    arguments = sys.argv[1:]
+    main(
+        (arguments[0] if arguments else "fp32,gguf,bf16").split(","),
+        [int(c) for c in (arguments[1] if len(arguments) > 1 else "300,1000,2000").split(",")],
+    )
