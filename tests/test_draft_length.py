@@ -182,6 +182,7 @@ def test_stored_slot_accuracy(tmp_path):
 def test_profile_prints_curves_and_method_costs(tmp_path, monkeypatch, capsys):
     """`dcoco profile --json` on a tiny target and an untrained drafter: one curve per precision
     mapping "1".."N" to ms, the drafter's cost per slot count, and the k auto starts with."""
+    from dcoco.decode import auto_precision
     from dcoco.eval import profile
     from dcoco.models.drafter import BlockDrafter, DrafterConfig
     from dcoco.models.drafter_io import save_drafter
@@ -193,6 +194,7 @@ def test_profile_prints_curves_and_method_costs(tmp_path, monkeypatch, capsys):
     drafter = BlockDrafter(config, target.embed_tokens, target.lm_head)
     save_drafter(tmp_path / "drafter", drafter, target.info, dtype=torch.float32)
     monkeypatch.setattr(profile, "load_target", lambda *args, **kwargs: target)
+    monkeypatch.setattr(auto_precision, "load_target", lambda *args, **kwargs: target)
     run_config = profile.ProfileConfig(
         dtypes=("bf16",), methods=(f"dflash@{tmp_path / 'drafter'}",), max_tokens=8, json=True
     )

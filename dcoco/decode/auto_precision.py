@@ -5,10 +5,12 @@ and on the method: the 4-bit GGUF codes make a 1-token step much cheaper than bf
 k-token verify gains less (the int4 kernel's cost grows with the row count). So each candidate's
 forward-cost curve is measured on this machine (dcoco.decode.cost_curve, cached), and auto takes
 the precision under which the run's best method expects the most tokens per millisecond:
-E(k) / verify(k + 1) at its best draft length k, with the method's stored per-slot acceptance
-(plain: 1 / step(1)). The drafter's own pass is left out: it runs at bf16 under both bf16 and
-gguf. The choice is cached per machine, target and methods; `dcoco profile --refresh` redoes it.
-On CUDA auto is bf16.
+E(k) / (verify(k + 1) + draft) at its best draft length k, with the method's stored per-slot
+acceptance and its draft pass (and correction) timed at that precision, or 1 / step(1) where no
+draft pays (plain). The draft counts: a drafter runs in the target's dtype, so under bf16 and gguf
+on a CPU that emulates bf16 its pass cost 2-3x its fp32 one (`dcoco profile`, Zen 3). The choice
+is cached per machine, target and methods; `dcoco profile --refresh` redoes it. On CUDA auto is
+bf16.
 """
 
 from __future__ import annotations
@@ -20,9 +22,15 @@ from pathlib import Path
 
 import torch
 
-from dcoco.decode.cost_curve import CostCurve, forward_curve, machine_fingerprint
+from dcoco.decode.cost_curve import (
+    KERNELS,
+    CostCurve,
+    forward_curve,
+    machine_fingerprint,
+    measure_draft,
+)
 from dcoco.decode.draft_length import FLAT_PRIOR, expected_tokens
-from dcoco.decode.methods import MethodOptions, resolve_method
+from dcoco.decode.methods import MethodOptions, build_proposer, resolve_method
 from dcoco.errors import DcocoError
 from dcoco.models.drafter_io import stored_slot_accuracy
 from dcoco.models.loading import default_device, gguf_file, load_target
@@ -57,17 +65,22 @@ def resolve_dtype(config, methods: list[str], refresh: bool = False) -> str:
     return best
 
 
-def method_rate(method: str, target, curve: CostCurve, options: MethodOptions) -> float:
-    """Expected tokens per ms of `method` on `curve` at its best draft length (draft cost left
-    out, see the module doc)."""
+def method_rate(
+    method: str, target, curve: CostCurve, options: MethodOptions, draft_ms: float = 0.0
+) -> float:
+    """Expected tokens per ms of `method` on `curve` at its best draft length, each draft
+    costing `draft_ms` (the proposer's pass and correction); no draft (a plain step) counts."""
     resolved = resolve_method(method, target, options)
+    plain = 1.0 / curve.ms(1)
     if resolved.spec.method == "plain":
-        return 1.0 / curve.ms(1)
+        return plain
     prior = list(stored_slot_accuracy(resolved.path)) if resolved.path else []
     acceptance = prior + [FLAT_PRIOR] * (resolved.max_slots - len(prior))
-    return max(
-        expected_tokens(acceptance, k) / curve.ms(k + 1) for k in range(1, resolved.max_slots + 1)
+    drafting = (
+        expected_tokens(acceptance, k) / (curve.ms(k + 1) + draft_ms)
+        for k in range(1, resolved.max_slots + 1)
     )
+    return max(plain, *drafting)
 
 
 def _best_rate(config, dtype: str, methods: list[str]) -> float:
@@ -75,7 +88,14 @@ def _best_rate(config, dtype: str, methods: list[str]) -> float:
                          config.matmul)  # fmt: skip
     curve = forward_curve(target)
     options = config.method_options()
-    return round(max(method_rate(m, target, curve, options) for m in methods), 5)
+    rates = []
+    for method in methods:
+        proposer = build_proposer(method, target, options)
+        draft_ms = 0.0
+        if proposer is not None:  # its cost at the longest draft, as the engine's policy takes it
+            draft_ms = sum(measure_draft(target, proposer, proposer.num_draft_tokens))
+        rates.append(method_rate(method, target, curve, options, draft_ms))
+    return round(max(rates), 5)
 
 
 def has_gguf(spec: str) -> bool:
@@ -98,6 +118,8 @@ def _choice_path(config, methods: list[str]) -> Path:
         "attention": config.attention,
         "matmul": config.matmul,
         "methods": methods,
+        "draft_dtype": config.draft_dtype,
+        "kernels": KERNELS,
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return cache_dir() / "profiles" / f"auto-dtype-{Path(config.target).name}-{digest}.json"

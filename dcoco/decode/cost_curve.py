@@ -18,12 +18,16 @@ from pathlib import Path
 
 import torch
 
+from dcoco.decode.proposers import DraftContext, Proposer
 from dcoco.models.cache import crop_cache
 from dcoco.models.target import TargetModel
 from dcoco.paths import cache_dir
 
 CONTEXT = 300  # tokens already in the cache when a step is timed (a mid-length chat reply)
 CURVE_TOKENS = 16  # the least a curve covers, so one measurement serves every draft length
+# Bumped when a kernel change moves what a forward costs, so that curves and choices cached
+# before it are measured again (2: rowwise's fp32 product for half-precision rows on AVX2 CPUs).
+KERNELS = 2
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,29 @@ def measure_forward(target: TargetModel, max_tokens: int = 16, repeats: int = 9)
             crop_cache(cache, context)
     curve = {tokens: round(sorted(s)[len(s) // 2] * 1000, 2) for tokens, s in times.items()}
     return CostCurve(setting_name(target), curve)
+
+
+def measure_draft(
+    target: TargetModel, proposer: Proposer, slots: int, repeats: int = 7
+) -> tuple[float, float]:
+    """Median (draft ms, correct ms) of a steady-state proposer cycle drafting `slots` tokens: 2
+    new taps over a CONTEXT-token cache (random tokens and taps: the cost does not read them)."""
+    width = target.info.hidden_size * len(proposer.feature_layers)
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, target.info.vocab_size, (CONTEXT + 2,), generator=generator)
+    features = torch.randn(1, CONTEXT + 2, width, generator=generator).to(target.dtype)
+    tokens, features = tokens.to(target.device), features.to(target.device)
+    proposer.start(tokens[:CONTEXT].tolist())
+    proposer.propose(DraftContext(tokens[:CONTEXT], features[:, :CONTEXT], slots))  # prefill
+    drafts, corrects = [], []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        proposal = proposer.propose(DraftContext(tokens, features[:, CONTEXT - 1 :], slots))
+        drafts.append((time.perf_counter() - start - proposal.correct_s) * 1000)
+        corrects.append(proposal.correct_s * 1000)
+        if getattr(proposer, "cache", None) is not None:  # a drafter's context K/V: back to c
+            crop_cache(proposer.cache, CONTEXT - 1)
+    return round(sorted(drafts[1:])[repeats // 2], 2), round(sorted(corrects[1:])[repeats // 2], 2)
 
 
 def forward_curve(target: TargetModel, max_tokens: int = 16, refresh: bool = False) -> CostCurve:
@@ -119,6 +146,7 @@ def _curve_path(target: TargetModel, max_tokens: int) -> Path:
         "setting": setting_name(target),
         "context": str(CONTEXT),
         "max_tokens": str(max_tokens),
+        "kernels": str(KERNELS),
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return cache_dir() / "profiles" / f"{target.name}-{digest}.json"

@@ -16,12 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from dcoco.decode.draft_precision import load_proposer_drafter, pack_drafter
 from dcoco.decode.proposers import PromptLookupProposer, Proposer
 from dcoco.errors import DcocoError
 from dcoco.models.catalogue import default_checkpoint
 from dcoco.models.drafter_io import CONFIG_FILE, read_drafter_config
 from dcoco.models.head_io import HEAD_KEY, head_kind_of
-from dcoco.models.packed_linear import pack_linears
 from dcoco.models.selection import check_selection, split_selection
 from dcoco.models.target import TargetModel
 from dcoco.paths import checkpoints_dir
@@ -38,6 +38,7 @@ class MethodOptions:
     num_draft_tokens: int = 0  # 0 = the method's most (pld: 8; drafters: block_size - 1)
     drafter: str = ""  # checkpoint dir for drafter methods whose spec names none
     selection: str = "greedy"  # dcoco's selection rule when the spec names none
+    draft_dtype: str = "auto"  # the drafter's precision (dcoco.decode.draft_precision)
 
 
 @dataclass(frozen=True)
@@ -159,20 +160,20 @@ def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> 
     from dcoco.decode.dflash_proposer import DFlashProposer
     from dcoco.decode.head_proposer import HeadProposer
     from dcoco.decode.hybrid_proposer import HybridProposer
-    from dcoco.models.drafter_io import load_drafter, stored_slot_accuracy
+    from dcoco.models.drafter_io import stored_slot_accuracy
     from dcoco.models.head_io import load_head
 
-    drafter = load_drafter(path, target)
+    drafter = load_proposer_drafter(path, target, options.draft_dtype)
     num_draft_tokens = options.num_draft_tokens or None
     prior = stored_slot_accuracy(path)
     if spec.method in ("dflash", "pld-dflash"):
-        drafter = _matmul_like_target(drafter, target)
+        drafter = pack_drafter(drafter, target)
         proposer = DFlashProposer(
             drafter, num_draft_tokens=num_draft_tokens, acceptance_prior=prior
         )
         return proposer if spec.method == "dflash" else HybridProposer(proposer)
-    head = load_head(path, target, drafter)
-    drafter = _matmul_like_target(drafter, target)  # after the head, which may read its weights
+    head = load_head(path, target, drafter, drafter.dtype)
+    drafter = pack_drafter(drafter, target)  # after the head, which may read its weights
     return HeadProposer(
         drafter,
         head,
@@ -181,11 +182,3 @@ def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> 
         selection=resolved.selection,
         acceptance_prior=prior,
     )
-
-
-def _matmul_like_target(drafter, target: TargetModel):
-    """The drafter's linear layers on the target's matmul kernel (its head is the target's own);
-    the draft heads keep aten's, as they read their weights directly."""
-    if target.matmul == "onednn":
-        pack_linears(drafter)
-    return drafter

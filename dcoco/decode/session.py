@@ -36,6 +36,7 @@ class DecodeConfig:
     num_draft_tokens: str = "auto"  # auto | N: drafts per cycle (auto: best measured tokens/s)
     drafter: str = ""  # drafter checkpoint; empty = the one shipped for the target
     selection: str = "greedy"  # dcoco's selection rule: greedy | keep1 | global | discounted | top1
+    draft_dtype: str = "auto"  # drafter precision: auto (fp32 beside bf16 on AVX2) | target | fp32
 
     def sampling(self, temperature: float = 0.0) -> SamplingParams:
         return SamplingParams(temperature=temperature, top_p=self.top_p, top_k=self.top_k)
@@ -43,7 +44,10 @@ class DecodeConfig:
     def method_options(self) -> MethodOptions:
         fixed = self.fixed_draft_tokens()
         return MethodOptions(
-            num_draft_tokens=fixed or 0, drafter=self.drafter, selection=self.selection
+            num_draft_tokens=fixed or 0,
+            drafter=self.drafter,
+            selection=self.selection,
+            draft_dtype=self.draft_dtype,
         )
 
     def fixed_draft_tokens(self) -> int | None:

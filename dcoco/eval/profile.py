@@ -12,20 +12,23 @@ the same cache. `--json` prints one object whose curves map token counts ("1".."
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 
 import torch
 
 from dcoco.config import Command
 from dcoco.decode.auto_precision import has_gguf, resolve_dtype
-from dcoco.decode.cost_curve import CONTEXT, CostCurve, forward_curve, machine_fingerprint
+from dcoco.decode.cost_curve import (
+    CONTEXT,
+    CostCurve,
+    forward_curve,
+    machine_fingerprint,
+    measure_draft,
+)
 from dcoco.decode.draft_length import DraftLengthPolicy
 from dcoco.decode.methods import MethodOptions, build_proposer, check_method
-from dcoco.decode.proposers import DraftContext
 from dcoco.decode.session import DecodeConfig
 from dcoco.errors import DcocoError
-from dcoco.models.cache import crop_cache
 from dcoco.models.loading import DEFAULT_TARGET, default_device, load_target
 from dcoco.models.packed_linear import resolve_matmul
 from dcoco.models.precision import check_precision, load_dtype
@@ -110,7 +113,7 @@ def _method_costs(target, curve: CostCurve, method: str) -> dict:
         raise DcocoError(f"{method} drafts nothing: profile a drafter method")
     draft_ms, correct_ms = {}, {}
     for slots in range(1, proposer.num_draft_tokens + 1):
-        draft_ms[str(slots)], correct_ms[str(slots)] = _time_proposer(target, proposer, slots)
+        draft_ms[str(slots)], correct_ms[str(slots)] = measure_draft(target, proposer, slots)
     most = str(proposer.num_draft_tokens)
     policy = DraftLengthPolicy(
         curve,
@@ -119,25 +122,6 @@ def _method_costs(target, curve: CostCurve, method: str) -> dict:
         draft_ms=float(draft_ms[most]) + float(correct_ms[most]),
     )
     return {"draft_ms": draft_ms, "correct_ms": correct_ms, "auto_k": policy.choose()}
-
-
-def _time_proposer(target, proposer, slots: int, repeats: int = 7) -> tuple[float, float]:
-    """Median (draft ms, correct ms) of a steady-state cycle: 2 new taps over a 300-token cache."""
-    width = target.info.hidden_size * len(proposer.feature_layers)
-    generator = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, target.info.vocab_size, (CONTEXT + 2,), generator=generator)
-    features = torch.randn(1, CONTEXT + 2, width, generator=generator).to(target.dtype)
-    tokens, features = tokens.to(target.device), features.to(target.device)
-    proposer.start(tokens[:CONTEXT].tolist())
-    proposer.propose(DraftContext(tokens[:CONTEXT], features[:, :CONTEXT], slots))  # prefill
-    drafts, corrects = [], []
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
-        proposal = proposer.propose(DraftContext(tokens, features[:, CONTEXT - 1 :], slots))
-        drafts.append((time.perf_counter() - start - proposal.correct_s) * 1000)
-        corrects.append(proposal.correct_s * 1000)
-        crop_cache(proposer.cache, CONTEXT - 1)
-    return round(sorted(drafts[1:])[repeats // 2], 2), round(sorted(corrects[1:])[repeats // 2], 2)
 
 
 def _keys(curve: dict[int, float]) -> dict[str, float]:

@@ -225,7 +225,13 @@ class DFlashDecoderLayer(nn.Module):
 class BlockDrafter(nn.Module):
     """The drafter. `embed_tokens` and `lm_head` are the target's, frozen and not registered."""
 
-    def __init__(self, config: DrafterConfig, embed_tokens: nn.Embedding, lm_head: nn.Linear):
+    def __init__(
+        self,
+        config: DrafterConfig,
+        embed_tokens: nn.Embedding,
+        lm_head: nn.Module,
+        head_dtype: torch.dtype | None = None,  # what lm_head takes; None: the embedding's
+    ):
         super().__init__()
         _check_self_consistent(config)
         self.config = config
@@ -236,6 +242,7 @@ class BlockDrafter(nn.Module):
         self.norm = Qwen3RMSNorm(hidden, eps=config.rms_norm_eps)
         # A tuple is not a Module, so nn.Module does not register (save, train or move) these.
         self._shared = (embed_tokens, lm_head)
+        self._head_dtype = head_dtype or embed_tokens.weight.dtype
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, std=0.02)  # Qwen3's initializer_range
@@ -262,10 +269,10 @@ class BlockDrafter(nn.Module):
     def logits(self, hidden: Tensor, hint_ids: Tensor | None = None) -> Tensor:
         """[batch, slots, hidden] -> [batch, slots, vocab] with the target's lm_head, and the copy
         gate's bonus at the hints `hint_ids` [batch, slots] if the drafter has a gate."""
-        embed_tokens, head = self._shared
+        head = self._shared[1]
         # 2-D and contiguous: a strided 3-D input (the slots cut out of a block) sends F.linear
         # down a batched-matmul path that copies the whole 49k-row weight on every call.
-        rows = hidden.reshape(-1, hidden.shape[-1]).to(embed_tokens.weight.dtype).contiguous()
+        rows = hidden.reshape(-1, hidden.shape[-1]).to(self._head_dtype).contiguous()
         return self.copy_logits(head(rows).reshape(*hidden.shape[:-1], -1), hidden, hint_ids)
 
     def copy_logits(self, logits: Tensor, hidden: Tensor, hint_columns: Tensor | None) -> Tensor:

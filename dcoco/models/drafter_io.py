@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+from torch import nn
 
 from dcoco.errors import DcocoError
 from dcoco.models.drafter import BlockDrafter, DrafterConfig, check_compatible
@@ -175,15 +176,19 @@ def load_weights_strict(module: torch.nn.Module, weights: dict, where: Path) -> 
     module.load_state_dict(weights)
 
 
-def load_drafter(path: str | Path, target, dtype: torch.dtype | None = None) -> BlockDrafter:
+def load_drafter(
+    path: str | Path, target, dtype: torch.dtype | None = None, lm_head: nn.Module | None = None
+) -> BlockDrafter:
     """Load the drafter in `path` for `target` (a TargetModel), in `dtype` (default: the
-    target's), sharing the target's embedding and lm_head."""
+    target's), sharing the target's embedding and lm_head (or using `lm_head`, a copy of it that
+    takes `dtype`)."""
     path = Path(path)
     config, hf = read_drafter_config(path)
     weights = read_weights(path, config, hf, target)
     # A draft head's weights share the file; dcoco.models.head_io loads them.
     weights = {k: v for k, v in weights.items() if not k.startswith(HEAD_PREFIX)}
-    drafter = BlockDrafter(config, target.embed_tokens, target.lm_head)
+    head_dtype = dtype if lm_head is not None else None
+    drafter = BlockDrafter(config, target.embed_tokens, lm_head or target.lm_head, head_dtype)
     load_weights_strict(drafter, weights, path / WEIGHTS_FILE)
     return drafter.to(device=target.device, dtype=dtype or target.dtype).eval()
 

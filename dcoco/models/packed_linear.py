@@ -35,10 +35,15 @@ PACKABLE = (torch.float32, torch.bfloat16)  # the dtypes oneDNN's prepacked line
 PACK_ROWS = 8
 
 
+def native_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX-512 bf16, AMX); AVX2-only CPUs emulate it."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def onednn_available(dtype: torch.dtype) -> bool:
     if not torch.backends.mkldnn.is_available() or dtype not in PACKABLE:
         return False
-    return dtype != torch.bfloat16 or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return dtype != torch.bfloat16 or native_bf16()
 
 
 def resolve_matmul(name: str, precision: str, dtype: torch.dtype, device: torch.device) -> str:

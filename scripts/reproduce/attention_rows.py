@@ -1,0 +1,72 @@
+"""What the rowwise attention's one-query rows cost at half precision: SDPA's kernel against the
+fp32 product (dcoco.models.rowwise_attention) that rows take on a CPU without native bf16.
+
+For each precision and context it times the target's forward over 1 token (a plain step) and over
+8 (a 7-draft verify: 8 one-query rows), with the rows on SDPA and on the fp32 product in
+alternation, call after call, so load elsewhere on the machine hits both alike. On a CPU with
+native bf16 the engine keeps SDPA; this script times both there too. Prints median ms of REPEATS
+calls per cell and the ratio SDPA / fp32 product (above 1: the product is faster); ratios are
+within this one run.
+
+Usage: .venv/bin/python scripts/reproduce/attention_rows.py [DTYPE,...] [CONTEXT,...]
+  (defaults: gguf,bf16 and 300,1000)
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+
+import dcoco.models.rowwise_attention as rowwise_attention
+from dcoco.decode.cost_curve import machine_fingerprint
+from dcoco.models.cache import crop_cache
+from dcoco.models.loading import load_target
+
+TARGET, TOKENS, REPEATS = "smollm2-135m-instruct", (1, 8), 11
+
+
+def time_paths(target, ids, context: int, tokens: int) -> tuple[float, float]:
+    """Median ms of a forward over `tokens` after `context`: rows on SDPA, rows on the product."""
+    cache = target.new_cache()
+    target.forward(ids[:, :context], cache, last_logits_only=True)
+    block = ids[:, context : context + tokens]
+    times: list[list[float]] = [[], []]
+    for repeat in range(REPEATS + 2):
+        for which, native in enumerate((True, False)):  # native bf16 -> SDPA
+            rowwise_attention.native_bf16 = lambda native=native: native
+            start = time.perf_counter()
+            target.forward(block, cache)
+            if repeat >= 2:  # the first two calls warm the kernels
+                times[which].append(time.perf_counter() - start)
+            crop_cache(cache, context)
+    sdpa, product = (statistics.median(t) * 1e3 for t in times)
+    return sdpa, product
+
+
+def main(dtypes: list[str], contexts: list[int]) -> None:
+    machine = machine_fingerprint()
+    print(f"{machine['cpu']} ({machine['isa']}), {torch.get_num_threads()} threads, "
+          f"torch {torch.__version__}")  # fmt: skip
+    print("| dtype | context | tokens | rows on SDPA, ms | rows as fp32 product, ms | ratio |")
+    print("|---|--:|--:|--:|--:|--:|")
+    generator = torch.Generator().manual_seed(0)
+    for dtype in dtypes:
+        target = load_target(TARGET, dtype)
+        ids = torch.randint(0, target.info.vocab_size, (1, max(contexts) + max(TOKENS)),
+                            generator=generator)  # fmt: skip
+        for context in contexts:
+            for tokens in TOKENS:
+                sdpa, product = time_paths(target, ids, context, tokens)
+                print(f"| {dtype} | {context} | {tokens} | {sdpa:.1f} | {product:.1f} | "
+                      f"{sdpa / product:.2f} |", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    arguments = sys.argv[1:]
+    main(
+        (arguments[0] if arguments else "gguf,bf16").split(","),
+        [int(c) for c in (arguments[1] if len(arguments) > 1 else "300,1000").split(",")],
+    )
