@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dcoco.decode.auto_precision import method_rate
+from dcoco.decode.auto_precision import describe, method_choice, method_rate
 from dcoco.decode.cost_curve import CostCurve, measure_draft
 from dcoco.decode.draft_length import FLAT_PRIOR, expected_tokens
 from dcoco.decode.methods import MethodOptions, build_proposer
@@ -33,3 +33,21 @@ def test_a_drafters_pass_is_timed_at_the_targets_precision(tiny_llama_target):
     proposer = build_proposer("pld", tiny_llama_target, MethodOptions())
     draft_ms, correct_ms = measure_draft(tiny_llama_target, proposer, 3)
     assert draft_ms > 0 and correct_ms == 0
+
+
+def test_the_choice_names_its_draft_length_and_says_why(tiny_llama_target):
+    target, options = tiny_llama_target, MethodOptions()
+    slots = build_proposer("pld", target, options).num_draft_tokens
+    assert method_choice("pld", target, FLAT, options)[1] == slots
+    assert method_choice("pld", target, FLAT, options, 100.0) == (pytest.approx(0.1), 0)
+    record = {
+        "dtype": "gguf",
+        "tokens_per_ms": {"gguf": 0.0321, "fp32": 0.0264},
+        "best": {
+            "gguf": {"method": "dcoco", "k": 2, "draft_ms": 17.4},
+            "fp32": {"method": "plain", "k": 0, "draft_ms": 0.0},
+        },
+    }
+    assert describe(record) == (
+        "gguf 0.0321 (dcoco: 2 drafts, draft 17.4 ms); fp32 0.0264 (plain: a plain step)"
+    )

@@ -206,3 +206,4 @@ def test_profile_prints_curves_and_method_costs(tmp_path, monkeypatch, capsys):
     assert list(costs["draft_ms"]) == ["1", "2", "3", "4"]
     assert all(ms > 0 for ms in costs["draft_ms"].values())
     assert 0 <= costs["auto_k"] <= 4
+    assert f"dflash@{tmp_path / 'drafter'}" in report["auto_why"]  # what auto's rate came from

@@ -47,22 +47,36 @@ def resolve_dtype(config, methods: list[str], refresh: bool = False) -> str:
     device = torch.device(config.device) if config.device else default_device()
     if device.type != "cpu":
         return "bf16"
+    return auto_choice(config, methods, refresh)["dtype"]
+
+
+def auto_choice(config, methods: list[str], refresh: bool = False, announce: bool = True) -> dict:
+    """The cached (or newly measured) choice for a CPU: {"dtype", "tokens_per_ms" per candidate,
+    "best" per candidate: the method, draft length k and draft ms behind its rate, "methods"}."""
     methods = sorted(set(methods)) or ["plain"]
     path = _choice_path(config, methods)
     if path.is_file() and not refresh:
         try:
             record = json.loads(path.read_text())
-            _announce(record)
-            return record["dtype"]
+            record["dtype"], record["best"]  # noqa: B018 -- a record of this version
+            if announce:
+                _announce(record)
+            return record
         except (ValueError, KeyError, TypeError):
             pass  # unreadable: choose again
-    rates = {dtype: _best_rate(config, dtype, methods) for dtype in _candidates(config.target)}
-    best = max(rates, key=rates.get)
-    record = {"dtype": best, "tokens_per_ms": rates, "methods": methods}
+    best = {dtype: _best_method(config, dtype, methods) for dtype in _candidates(config.target)}
+    rates = {dtype: choice.pop("rate") for dtype, choice in best.items()}
+    record = {
+        "dtype": max(rates, key=rates.get),
+        "tokens_per_ms": rates,
+        "best": best,
+        "methods": methods,
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1))
-    _announce(record)
-    return best
+    if announce:
+        _announce(record)
+    return record
 
 
 def method_rate(
@@ -70,32 +84,40 @@ def method_rate(
 ) -> float:
     """Expected tokens per ms of `method` on `curve` at its best draft length, each draft
     costing `draft_ms` (the proposer's pass and correction); no draft (a plain step) counts."""
+    return method_choice(method, target, curve, options, draft_ms)[0]
+
+
+def method_choice(
+    method: str, target, curve: CostCurve, options: MethodOptions, draft_ms: float = 0.0
+) -> tuple[float, int]:
+    """(method_rate, the draft length k it is reached at; 0: a plain step)."""
     resolved = resolve_method(method, target, options)
-    plain = 1.0 / curve.ms(1)
-    if resolved.spec.method == "plain":
-        return plain
-    prior = list(stored_slot_accuracy(resolved.path)) if resolved.path else []
-    acceptance = prior + [FLAT_PRIOR] * (resolved.max_slots - len(prior))
-    drafting = (
-        expected_tokens(acceptance, k) / (curve.ms(k + 1) + draft_ms)
-        for k in range(1, resolved.max_slots + 1)
-    )
-    return max(plain, *drafting)
+    rates = {0: 1.0 / curve.ms(1)}
+    if resolved.spec.method != "plain":
+        prior = list(stored_slot_accuracy(resolved.path)) if resolved.path else []
+        acceptance = prior + [FLAT_PRIOR] * (resolved.max_slots - len(prior))
+        for k in range(1, resolved.max_slots + 1):
+            rates[k] = expected_tokens(acceptance, k) / (curve.ms(k + 1) + draft_ms)
+    k = max(rates, key=rates.get)
+    return rates[k], k
 
 
-def _best_rate(config, dtype: str, methods: list[str]) -> float:
+def _best_method(config, dtype: str, methods: list[str]) -> dict:
+    """{"rate", "method", "k", "draft_ms"} of the method expecting the most tokens per ms."""
     target = load_target(config.target, dtype, config.device or None, config.attention,
                          config.matmul)  # fmt: skip
     curve = forward_curve(target)
     options = config.method_options()
-    rates = []
+    best: dict = {"rate": 0.0}
     for method in methods:
         proposer = build_proposer(method, target, options)
         draft_ms = 0.0
         if proposer is not None:  # its cost at the longest draft, as the engine's policy takes it
             draft_ms = sum(measure_draft(target, proposer, proposer.num_draft_tokens))
-        rates.append(method_rate(method, target, curve, options, draft_ms))
-    return round(max(rates), 5)
+        rate, k = method_choice(method, target, curve, options, draft_ms)
+        if rate > best["rate"]:
+            best = {"rate": round(rate, 5), "method": method, "k": k, "draft_ms": draft_ms}
+    return best
 
 
 def has_gguf(spec: str) -> bool:
@@ -123,6 +145,18 @@ def _choice_path(config, methods: list[str]) -> Path:
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return cache_dir() / "profiles" / f"auto-dtype-{Path(config.target).name}-{digest}.json"
+
+
+def describe(record: dict) -> str:
+    """Each candidate's expected tokens/ms and what it comes from (for `dcoco profile`)."""
+    parts = []
+    for dtype, rate in record["tokens_per_ms"].items():
+        best = record["best"][dtype]
+        how = "a plain step" if best["k"] == 0 else f"{best['k']} drafts"
+        if best["draft_ms"]:
+            how += f", draft {best['draft_ms']:.1f} ms"
+        parts.append(f"{dtype} {rate:.4f} ({best['method']}: {how})")
+    return "; ".join(parts)
 
 
 def _announce(record: dict) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from dcoco.config import Command
-from dcoco.decode.auto_precision import has_gguf, resolve_dtype
+from dcoco.decode.auto_precision import auto_choice, describe, has_gguf, resolve_dtype
 from dcoco.decode.cost_curve import (
     CONTEXT,
     CostCurve,
@@ -60,6 +60,8 @@ def run(config: ProfileConfig) -> int:
     auto = DecodeConfig(target=config.target, device=config.device, attention=config.attention)
     chosen = resolve_dtype(auto, methods, refresh=config.refresh)
     report["auto_dtype"] = chosen
+    if (torch.device(config.device) if config.device else default_device()).type == "cpu":
+        report["auto_why"] = describe(auto_choice(auto, methods, announce=False))
     default = (chosen, _resolved(DEFAULT_MATMUL, chosen, config))
     default_target = None
     for setting in _settings(config):
@@ -146,6 +148,8 @@ def _tables(report: dict) -> str:
         f"\n--dtype auto picks {report['auto_dtype']} here (see dcoco.decode.auto_precision); "
         f"the engine's default: {default['setting']}, --num-draft-tokens auto"
     )
+    if "auto_why" in report:
+        lines.append(f"auto's expected tokens/ms by precision: {report['auto_why']}")
     for method, costs in default["methods"].items():
         draft = " ".join(f"{k}:{v:.1f}" for k, v in costs["draft_ms"].items())
         correct = " ".join(f"{k}:{v:.1f}" for k, v in costs["correct_ms"].items())
