@@ -49,5 +49,5 @@ def test_the_choice_names_its_draft_length_and_says_why(tiny_llama_target):
         },
     }
     assert describe(record) == (
-        "gguf 0.0321 (dcoco: 2 drafts, draft 17.4 ms); fp32 0.0264 (plain: a plain step)"
+        "gguf 0.0321 (dcoco: 2 drafts, draft 17.4 ms); fp32 0.0264 (a plain step)"
     )

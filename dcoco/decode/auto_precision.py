@@ -152,9 +152,10 @@ def describe(record: dict) -> str:
     parts = []
     for dtype, rate in record["tokens_per_ms"].items():
         best = record["best"][dtype]
-        how = "a plain step" if best["k"] == 0 else f"{best['k']} drafts"
-        if best["draft_ms"]:
-            how += f", draft {best['draft_ms']:.1f} ms"
+        if best["k"] == 0:  # no draft pays: whichever method, it decodes as plain does
+            parts.append(f"{dtype} {rate:.4f} (a plain step)")
+            continue
+        how = f"{best['k']} drafts, draft {best['draft_ms']:.1f} ms"
         parts.append(f"{dtype} {rate:.4f} ({best['method']}: {how})")
     return "; ".join(parts)
 
