@@ -207,3 +207,5 @@ def test_profile_prints_curves_and_method_costs(tmp_path, monkeypatch, capsys):
     assert all(ms > 0 for ms in costs["draft_ms"].values())
     assert 0 <= costs["auto_k"] <= 4
     assert f"dflash@{tmp_path / 'drafter'}" in report["auto_why"]  # what auto's rate came from
+    for costs in report["draft_ms_by_dtype"].values():  # the draft cost at every precision
+        assert costs[f"dflash@{tmp_path / 'drafter'}"] > 0

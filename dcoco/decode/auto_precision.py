@@ -52,13 +52,14 @@ def resolve_dtype(config, methods: list[str], refresh: bool = False) -> str:
 
 def auto_choice(config, methods: list[str], refresh: bool = False, announce: bool = True) -> dict:
     """The cached (or newly measured) choice for a CPU: {"dtype", "tokens_per_ms" per candidate,
-    "best" per candidate: the method, draft length k and draft ms behind its rate, "methods"}."""
+    "best" per candidate: the method, draft length k and draft ms behind its rate, "draft_ms" per
+    candidate and drafter method (its pass and correction at its longest draft), "methods"}."""
     methods = sorted(set(methods)) or ["plain"]
     path = _choice_path(config, methods)
     if path.is_file() and not refresh:
         try:
             record = json.loads(path.read_text())
-            record["dtype"], record["best"]  # noqa: B018 -- a record of this version
+            record["dtype"], record["best"], record["draft_ms"]  # noqa: B018 -- this version
             if announce:
                 _announce(record)
             return record
@@ -70,6 +71,7 @@ def auto_choice(config, methods: list[str], refresh: bool = False, announce: boo
         "dtype": max(rates, key=rates.get),
         "tokens_per_ms": rates,
         "best": best,
+        "draft_ms": {dtype: choice.pop("drafts") for dtype, choice in best.items()},
         "methods": methods,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -103,21 +105,24 @@ def method_choice(
 
 
 def _best_method(config, dtype: str, methods: list[str]) -> dict:
-    """{"rate", "method", "k", "draft_ms"} of the method expecting the most tokens per ms."""
+    """{"rate", "method", "k", "draft_ms"} of the method expecting the most tokens per ms, and
+    "drafts": every drafter method's draft ms."""
     target = load_target(config.target, dtype, config.device or None, config.attention,
                          config.matmul)  # fmt: skip
     curve = forward_curve(target)
     options = config.method_options()
     best: dict = {"rate": 0.0}
+    drafts = {}
     for method in methods:
         proposer = build_proposer(method, target, options)
         draft_ms = 0.0
         if proposer is not None:  # its cost at the longest draft, as the engine's policy takes it
-            draft_ms = sum(measure_draft(target, proposer, proposer.num_draft_tokens))
+            draft_ms = round(sum(measure_draft(target, proposer, proposer.num_draft_tokens)), 2)
+            drafts[method] = draft_ms
         rate, k = method_choice(method, target, curve, options, draft_ms)
         if rate > best["rate"]:
             best = {"rate": round(rate, 5), "method": method, "k": k, "draft_ms": draft_ms}
-    return best
+    return {**best, "drafts": drafts}
 
 
 def has_gguf(spec: str) -> bool:

@@ -61,7 +61,8 @@ def run(config: ProfileConfig) -> int:
     chosen = resolve_dtype(auto, methods, refresh=config.refresh)
     report["auto_dtype"] = chosen
     if (torch.device(config.device) if config.device else default_device()).type == "cpu":
-        report["auto_why"] = describe(auto_choice(auto, methods, announce=False))
+        record = auto_choice(auto, methods, announce=False)
+        report["auto_why"], report["draft_ms_by_dtype"] = describe(record), record["draft_ms"]
     default = (chosen, _resolved(DEFAULT_MATMUL, chosen, config))
     default_target = None
     for setting in _settings(config):
@@ -150,6 +151,7 @@ def _tables(report: dict) -> str:
     )
     if "auto_why" in report:
         lines.append(f"auto's expected tokens/ms by precision: {report['auto_why']}")
+        lines.extend(_draft_table(report["draft_ms_by_dtype"]))
     for method, costs in default["methods"].items():
         draft = " ".join(f"{k}:{v:.1f}" for k, v in costs["draft_ms"].items())
         correct = " ".join(f"{k}:{v:.1f}" for k, v in costs["correct_ms"].items())
@@ -157,6 +159,23 @@ def _tables(report: dict) -> str:
         start = costs["auto_k"]
         lines.append(f"{method}: auto starts at k = {start} (then follows acceptance; 0: none)")
     return "\n".join(lines)
+
+
+def _draft_table(by_dtype: dict) -> list[str]:
+    """The drafter methods' pass + correction at their longest draft, ms, one column a precision
+    (what auto's rates count; none when the run's methods draft with no drafter)."""
+    methods = sorted({m for costs in by_dtype.values() for m in costs})
+    if not methods:
+        return []
+    lines = [
+        "draft + correct ms at the longest draft, by precision:",
+        "| method | " + " | ".join(by_dtype) + " |",
+        "|---|" + "--:|" * len(by_dtype),
+    ]
+    for method in methods:
+        cells = " | ".join(f"{costs.get(method, float('nan')):.1f}" for costs in by_dtype.values())
+        lines.append(f"| {method} | {cells} |")
+    return lines
 
 
 COMMAND = Command(
