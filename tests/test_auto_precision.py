@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dcoco.decode.auto_precision import describe, method_choice, method_rate
+from dcoco.decode.auto_precision import describe, method_choice
 from dcoco.decode.cost_curve import CostCurve, measure_draft
 from dcoco.decode.draft_length import FLAT_PRIOR, expected_tokens
 from dcoco.decode.methods import MethodOptions, build_proposer
@@ -16,17 +16,18 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_plain_expects_one_token_a_step(tiny_llama_target):
-    assert method_rate("plain", tiny_llama_target, FLAT, MethodOptions()) == pytest.approx(0.1)
+    rate = method_choice("plain", tiny_llama_target, FLAT, MethodOptions())[0]
+    assert rate == pytest.approx(0.1)
 
 
 def test_the_draft_pass_counts_and_a_costly_one_leaves_the_plain_step(tiny_llama_target):
     target, options = tiny_llama_target, MethodOptions()
     slots = build_proposer("pld", target, options).num_draft_tokens
     longest = expected_tokens([FLAT_PRIOR] * slots, slots)  # free verify: draft everything
-    assert method_rate("pld", target, FLAT, options) == pytest.approx(longest / 10.0)
-    assert method_rate("pld", target, FLAT, options, 5.0) == pytest.approx(longest / 15.0)
+    assert method_choice("pld", target, FLAT, options)[0] == pytest.approx(longest / 10.0)
+    assert method_choice("pld", target, FLAT, options, 5.0)[0] == pytest.approx(longest / 15.0)
     # a draft dearer than what it wins: no draft, as the engine's auto draft length would do
-    assert method_rate("pld", target, FLAT, options, 100.0) == pytest.approx(0.1)
+    assert method_choice("pld", target, FLAT, options, 100.0)[0] == pytest.approx(0.1)
 
 
 def test_a_drafters_pass_is_timed_at_the_targets_precision(tiny_llama_target):

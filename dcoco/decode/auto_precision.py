@@ -81,18 +81,12 @@ def auto_choice(config, methods: list[str], refresh: bool = False, announce: boo
     return record
 
 
-def method_rate(
-    method: str, target, curve: CostCurve, options: MethodOptions, draft_ms: float = 0.0
-) -> float:
-    """Expected tokens per ms of `method` on `curve` at its best draft length, each draft
-    costing `draft_ms` (the proposer's pass and correction); no draft (a plain step) counts."""
-    return method_choice(method, target, curve, options, draft_ms)[0]
-
-
 def method_choice(
     method: str, target, curve: CostCurve, options: MethodOptions, draft_ms: float = 0.0
 ) -> tuple[float, int]:
-    """(method_rate, the draft length k it is reached at; 0: a plain step)."""
+    """Expected tokens per ms of `method` on `curve` at its best draft length, each draft
+    costing `draft_ms` (the proposer's pass and correction), and that length k (0: a plain step,
+    which counts where no draft pays)."""
     resolved = resolve_method(method, target, options)
     rates = {0: 1.0 / curve.ms(1)}
     if resolved.spec.method != "plain":

@@ -21,6 +21,8 @@ picks oneDNN (`--matmul auto`) where the CPU build has it.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor, nn
 
@@ -35,6 +37,7 @@ PACKABLE = (torch.float32, torch.bfloat16)  # the dtypes oneDNN's prepacked line
 PACK_ROWS = 8
 
 
+@functools.cache  # the CPU does not change; asked on every attention call
 def native_bf16() -> bool:
     """Whether this CPU computes bf16 natively (AVX-512 bf16, AMX); AVX2-only CPUs emulate it."""
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())

@@ -45,8 +45,11 @@ def rowwise_attention_forward(
     # One sequence without padding: its causal prefix is its whole mask, so every row (the step's
     # single row included) runs unmasked over exactly the keys it may see.
     kwargs.pop("is_causal", None)
+    fp32 = fp32_math_pays(query, kwargs)
     if queries == 1:  # the step: the one row's call, without the split and join
-        return one_query(module, query, key, value, kwargs), None
+        return one_query(module, query, key, value, kwargs, fp32), None
+    if fp32:  # upcast once for every row: a row's slice of it holds the values it would upcast
+        key, value = key.float(), value.float()
     rows = [
         one_query(
             module,
@@ -54,16 +57,20 @@ def rowwise_attention_forward(
             key[:, :, : past + i + 1],
             value[:, :, : past + i + 1],
             kwargs,
+            fp32,
         )
         for i in range(queries)
     ]
     return torch.cat(rows, dim=1), None  # [batch, queries, heads, head_dim]
 
 
-def one_query(module, query: Tensor, key: Tensor, value: Tensor, kwargs: dict) -> Tensor:
+def one_query(
+    module, query: Tensor, key: Tensor, value: Tensor, kwargs: dict, fp32: bool | None = None
+) -> Tensor:
     """[1, 1, heads, head_dim]: one query row [1, heads, 1, head_dim] over all of key and value
-    [1, kv_heads, keys, head_dim], unmasked (its causal prefix is what it is given)."""
-    if not fp32_math_pays(query, kwargs):
+    [1, kv_heads, keys, head_dim], unmasked (its causal prefix is what it is given); `fp32`: as
+    one fp32 product rather than SDPA (None: fp32_math_pays decides)."""
+    if not (fp32_math_pays(query, kwargs) if fp32 is None else fp32):
         return sdpa_attention_forward(module, query, key, value, None, is_causal=False, **kwargs)[0]
     kv_heads, head_dim = key.shape[1], key.shape[-1]
     grouped = query.float().view(1, kv_heads, -1, head_dim)  # query heads by the K/V they read
