@@ -209,3 +209,12 @@ def test_profile_prints_curves_and_method_costs(tmp_path, monkeypatch, capsys):
     assert f"dflash@{tmp_path / 'drafter'}" in report["auto_why"]  # what auto's rate came from
     for costs in report["draft_ms_by_dtype"].values():  # the draft cost at every precision
         assert costs[f"dflash@{tmp_path / 'drafter'}"] > 0
+
+
+def test_interleaved_timing_runs_the_calls_in_turn():
+    from dcoco.decode.cost_curve import interleaved_ms
+
+    order: list[str] = []
+    medians = interleaved_ms([lambda: order.append("a"), lambda: order.append("b")], 3, warmup=1)
+    assert order == ["a", "b"] * 4  # one warm-up round, then three timed ones
+    assert len(medians) == 2 and all(ms >= 0 for ms in medians)

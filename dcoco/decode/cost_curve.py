@@ -11,8 +11,10 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -97,6 +99,19 @@ def measure_draft(
         if getattr(proposer, "cache", None) is not None:  # a drafter's context K/V: back to c
             crop_cache(proposer.cache, CONTEXT - 1)
     return round(sorted(drafts[1:])[repeats // 2], 2), round(sorted(corrects[1:])[repeats // 2], 2)
+
+
+def interleaved_ms(calls: list[Callable[[], object]], repeats: int, warmup: int = 2) -> list[float]:
+    """Median ms of each of `calls`, run in turn call after call after `warmup` untimed rounds,
+    so that load elsewhere on the machine hits them alike (how scripts/reproduce compares)."""
+    times: list[list[float]] = [[] for _ in calls]
+    for round_ in range(warmup + repeats):
+        for call, samples in zip(calls, times, strict=True):
+            start = time.perf_counter()
+            call()
+            if round_ >= warmup:
+                samples.append(time.perf_counter() - start)
+    return [statistics.median(samples) * 1000 for samples in times]
 
 
 def forward_curve(target: TargetModel, max_tokens: int = 16, refresh: bool = False) -> CostCurve:

@@ -14,36 +14,32 @@ Usage: .venv/bin/python scripts/reproduce/attention_rows.py [DTYPE,...] [CONTEXT
 
 from __future__ import annotations
 
-import statistics
+import functools
 import sys
-import time
 
 import torch
 
 import dcoco.models.rowwise_attention as rowwise_attention
-from dcoco.decode.cost_curve import machine_fingerprint
+from dcoco.decode.cost_curve import interleaved_ms, machine_fingerprint
 from dcoco.models.cache import crop_cache
 from dcoco.models.loading import load_target
 
 TARGET, TOKENS, REPEATS = "smollm2-135m-instruct", (1, 8), 11
 
 
-def time_paths(target, ids, context: int, tokens: int) -> tuple[float, float]:
-    """Median ms of a forward over `tokens` after `context`: rows on SDPA, rows on the product."""
+def time_paths(target, ids, context: int, tokens: int) -> list[float]:
+    """Median ms of a forward over `tokens` after `context` (and the crop back), the rows on SDPA
+    and as the fp32 product in alternation: [SDPA, product]."""
     cache = target.new_cache()
     target.forward(ids[:, :context], cache, last_logits_only=True)
     block = ids[:, context : context + tokens]
-    times: list[list[float]] = [[], []]
-    for repeat in range(REPEATS + 2):
-        for which, native in enumerate((True, False)):  # native bf16 -> SDPA
-            rowwise_attention.native_bf16 = lambda native=native: native
-            start = time.perf_counter()
-            target.forward(block, cache)
-            if repeat >= 2:  # the first two calls warm the kernels
-                times[which].append(time.perf_counter() - start)
-            crop_cache(cache, context)
-    sdpa, product = (statistics.median(t) * 1e3 for t in times)
-    return sdpa, product
+
+    def forward(native: bool):  # a CPU with native bf16 keeps SDPA
+        rowwise_attention.native_bf16 = lambda: native
+        target.forward(block, cache)
+        crop_cache(cache, context)
+
+    return interleaved_ms([functools.partial(forward, native) for native in (True, False)], REPEATS)
 
 
 def main(dtypes: list[str], contexts: list[int]) -> None:

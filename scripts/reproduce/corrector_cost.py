@@ -18,31 +18,18 @@ Usage: .venv/bin/python scripts/reproduce/corrector_cost.py [CHECKPOINT] [K,K,..
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 
 import torch
 
 import dcoco.models.grid_parts as grid_parts
+from dcoco.decode.cost_curve import interleaved_ms
 from dcoco.models.drafter_io import load_drafter
 from dcoco.models.head_io import load_head
 from dcoco.models.loading import load_target
 from dcoco.paths import checkpoints_dir
 
 TARGET, SLOTS, BATCHES, CALLS = "smollm2-135m-instruct", 7, (1, 4, 8, 16, 32), 15
-
-
-def interleaved_ms(calls: list) -> list[float]:
-    """Median ms of each of `calls`, run in turn CALLS times (after 3 warm-up rounds)."""
-    times: list[list[float]] = [[] for _ in calls]
-    for repeat in range(CALLS + 3):
-        for call, samples in zip(calls, times, strict=True):
-            start = time.perf_counter()
-            call()
-            if repeat >= 3:
-                samples.append(time.perf_counter() - start)
-    return [statistics.median(samples) * 1e3 for samples in times]
 
 
 def variant(head, block, selection: str, grad: bool, walk_from: float):
@@ -86,7 +73,9 @@ def main(checkpoint: str, counts: list[int], dtypes: list[str]) -> None:
             if k == trained:
                 rows.append((f"training form, greedy/{k}", True, default))
             cells = [
-                interleaved_ms([variant(head, blocks[b], walk, g, least) for _, g, least in rows])
+                interleaved_ms(
+                    [variant(head, blocks[b], walk, g, least) for _, g, least in rows], CALLS, 3
+                )
                 for b in BATCHES
             ]
             for i, (name, _, _) in enumerate(rows):

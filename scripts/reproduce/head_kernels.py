@@ -12,14 +12,12 @@ Usage: .venv/bin/python scripts/reproduce/head_kernels.py [ROWS,...]   (default:
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
-from dcoco.decode.cost_curve import machine_fingerprint
+from dcoco.decode.cost_curve import interleaved_ms, machine_fingerprint
 
 VOCAB, HIDDEN, GROUP, REPEATS = 49152, 576, 32, 15
 
@@ -55,15 +53,8 @@ def main(row_counts: list[int]) -> None:
     table: dict[str, list[float]] = {}
     for rows in row_counts:
         calls = kernels(weight, rows)
-        times: dict[str, list[float]] = {name: [] for name in calls}
-        for repeat in range(REPEATS + 3):
-            for name, call in calls.items():
-                start = time.perf_counter()
-                call()
-                if repeat >= 3:
-                    times[name].append(time.perf_counter() - start)
-        for name, samples in times.items():
-            table.setdefault(name, []).append(statistics.median(samples) * 1e3)
+        for name, ms in zip(calls, interleaved_ms(list(calls.values()), REPEATS, 3), strict=True):
+            table.setdefault(name, []).append(ms)
     print("| kernel | " + " | ".join(f"{r} rows" for r in row_counts) + " |")
     print("|---|" + "--:|" * len(row_counts))
     for name, cells in table.items():

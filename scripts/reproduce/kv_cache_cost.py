@@ -14,36 +14,32 @@ Usage: .venv/bin/python scripts/reproduce/kv_cache_cost.py [DTYPE,...] [CONTEXT,
 
 from __future__ import annotations
 
-import statistics
+import functools
 import sys
-import time
 
 import torch
 from transformers import DynamicCache
 
-from dcoco.decode.cost_curve import machine_fingerprint
+from dcoco.decode.cost_curve import interleaved_ms, machine_fingerprint
 from dcoco.models.cache import crop_cache, new_cache
 from dcoco.models.loading import load_target
 
 TARGET, TOKENS, REPEATS = "smollm2-135m-instruct", (1, 8), 15
 
 
-def time_pair(target, ids, context: int, tokens: int) -> tuple[float, float]:
-    """Median ms of a forward over `tokens` after `context`, with each cache in alternation."""
+def time_pair(target, ids, context: int, tokens: int) -> list[float]:
+    """Median ms of a forward over `tokens` after `context` (and the crop back), with each cache
+    in alternation: [DynamicCache, growing]."""
     caches = [DynamicCache(config=target.config), new_cache(target.config)]
     for cache in caches:
         target.forward(ids[:, :context], cache, last_logits_only=True)
     block = ids[:, context : context + tokens]
-    times: list[list[float]] = [[], []]
-    for repeat in range(REPEATS + 2):
-        for which, cache in enumerate(caches):
-            start = time.perf_counter()
-            target.forward(block, cache)
-            if repeat >= 2:  # the first two calls warm the kernels
-                times[which].append(time.perf_counter() - start)
-            crop_cache(cache, context)
-    dynamic, growing = (statistics.median(t) * 1e3 for t in times)
-    return dynamic, growing
+
+    def step(cache):
+        target.forward(block, cache)
+        crop_cache(cache, context)
+
+    return interleaved_ms([functools.partial(step, cache) for cache in caches], REPEATS)
 
 
 def main(dtypes: list[str], contexts: list[int]) -> None:
