@@ -24,7 +24,8 @@ from dcoco.models.copy_hints import (
     match_length,
     match_table,
 )
-from dcoco.models.drafter import BlockDrafter, DrafterConfig
+from dcoco.models.drafter import BlockDrafter
+from dcoco.models.drafter_config import DrafterConfig
 from dcoco.models.drafter_io import load_drafter, save_drafter
 from dcoco.train.block_pass import Item, LossVocab, block_chunks, chunk_losses
 

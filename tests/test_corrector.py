@@ -13,7 +13,8 @@ from dcoco.decode.engine import Engine
 from dcoco.decode.head_proposer import HeadProposer
 from dcoco.errors import DcocoError
 from dcoco.models.corrector import Corrector, CorrectorConfig
-from dcoco.models.drafter import BlockDrafter, DrafterConfig
+from dcoco.models.drafter import BlockDrafter
+from dcoco.models.drafter_config import DrafterConfig
 from dcoco.models.selection import SELECTION_RULES, selected_token_ids
 
 VOCAB, HIDDEN, SLOTS, TOP_K = 40, 12, 5, 4

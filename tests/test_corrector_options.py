@@ -19,7 +19,8 @@ from dcoco.errors import DcocoError
 from dcoco.models.candidate_features import with_anchor_slot
 from dcoco.models.corrector import Corrector, CorrectorConfig
 from dcoco.models.corrector_loss import with_labels_inserted
-from dcoco.models.drafter import BlockDrafter, DrafterConfig
+from dcoco.models.drafter import BlockDrafter
+from dcoco.models.drafter_config import DrafterConfig
 from dcoco.models.heads import Candidates, HeadBatch
 from dcoco.models.selection import SELECTION_RULES, selected_token_ids
 

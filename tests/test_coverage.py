@@ -10,7 +10,8 @@ import torch
 
 from dcoco.data.distill import Sample
 from dcoco.eval.coverage import CoverageConfig, measure, write
-from dcoco.models.drafter import BlockDrafter, DrafterConfig
+from dcoco.models.drafter import BlockDrafter
+from dcoco.models.drafter_config import DrafterConfig
 from dcoco.models.drafter_io import save_drafter
 
 pytestmark = pytest.mark.usefixtures("one_thread")

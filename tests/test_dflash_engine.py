@@ -10,7 +10,8 @@ from conftest import TINY_RUN
 from dcoco.data.distill import Sample
 from dcoco.decode.dflash_proposer import DFlashProposer
 from dcoco.decode.engine import Engine
-from dcoco.models.drafter import BlockDrafter, DrafterConfig
+from dcoco.models.drafter import BlockDrafter
+from dcoco.models.drafter_config import DrafterConfig
 from dcoco.models.drafter_io import load_drafter
 from dcoco.train.drafter_train import DrafterTrainConfig, train
 

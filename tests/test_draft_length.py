@@ -116,7 +116,8 @@ def test_auto_with_no_drafts_keeps_output_and_feeds_the_drafter_every_tap(tmp_pa
     """A DFlash drafter that auto mostly skips: the taps of the plain steps reach it when it
     drafts again (every EXPLORE_EVERY cycles), and the output stays plain decoding's."""
     from dcoco.decode.dflash_proposer import DFlashProposer
-    from dcoco.models.drafter import BlockDrafter, DrafterConfig
+    from dcoco.models.drafter import BlockDrafter
+    from dcoco.models.drafter_config import DrafterConfig
 
     monkeypatch.setenv("DCOCO_CACHE_DIR", str(tmp_path))
     torch.manual_seed(0)
@@ -184,7 +185,8 @@ def test_profile_prints_curves_and_method_costs(tmp_path, monkeypatch, capsys):
     mapping "1".."N" to ms, the drafter's cost per slot count, and the k auto starts with."""
     from dcoco.decode import auto_precision
     from dcoco.eval import profile
-    from dcoco.models.drafter import BlockDrafter, DrafterConfig
+    from dcoco.models.drafter import BlockDrafter
+    from dcoco.models.drafter_config import DrafterConfig
     from dcoco.models.drafter_io import save_drafter
 
     monkeypatch.setenv("DCOCO_CACHE_DIR", str(tmp_path / "cache"))

@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from dcoco.errors import DcocoError
-from dcoco.models.drafter import BlockDrafter, DrafterConfig
+from dcoco.models.drafter import BlockDrafter
+from dcoco.models.drafter_config import DrafterConfig
 from dcoco.models.drafter_io import load_drafter
 from dcoco.models.head_io import save_with_head
 from dcoco.models.head_registry import build_head

@@ -12,7 +12,8 @@ from dcoco.data.distill import Sample
 from dcoco.errors import DcocoError
 from dcoco.eval.heldout import HeldoutConfig, _label, markdown_table, measure
 from dcoco.models.corrector import Corrector, CorrectorConfig
-from dcoco.models.drafter import BlockDrafter, DrafterConfig
+from dcoco.models.drafter import BlockDrafter
+from dcoco.models.drafter_config import DrafterConfig
 from dcoco.models.drafter_io import save_drafter
 from dcoco.models.head_io import save_with_head
 

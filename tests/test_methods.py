@@ -8,7 +8,8 @@ import torch
 
 from dcoco.decode.methods import MethodOptions, build_proposer, resolve_method
 from dcoco.errors import DcocoError
-from dcoco.models.drafter import BlockDrafter, DrafterConfig
+from dcoco.models.drafter import BlockDrafter
+from dcoco.models.drafter_config import DrafterConfig
 from dcoco.models.drafter_io import save_drafter
 from dcoco.models.head_io import save_with_head
 from dcoco.models.head_registry import build_head

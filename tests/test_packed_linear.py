@@ -11,7 +11,8 @@ from dcoco.decode.dflash_proposer import DFlashProposer
 from dcoco.decode.engine import Engine
 from dcoco.decode.proposers import PromptLookupProposer
 from dcoco.errors import DcocoError
-from dcoco.models.drafter import BlockDrafter, DrafterConfig
+from dcoco.models.drafter import BlockDrafter
+from dcoco.models.drafter_config import DrafterConfig
 from dcoco.models.packed_linear import PackedLinear, onednn_available, pack_linears, resolve_matmul
 from dcoco.models.target import TargetModel
 

@@ -11,7 +11,8 @@ from dcoco.decode.engine import Engine
 from dcoco.decode.proposers import PromptLookupProposer
 from dcoco.errors import DcocoError
 from dcoco.models.cache import crop_cache
-from dcoco.models.drafter import BlockDrafter, DrafterConfig
+from dcoco.models.drafter import BlockDrafter
+from dcoco.models.drafter_config import DrafterConfig
 from dcoco.models.precision import (
     Int8WeightLinear,
     check_precision,

@@ -13,7 +13,8 @@ from dcoco.contracts import IGNORE
 from dcoco.decode.engine import Engine
 from dcoco.decode.head_proposer import HeadProposer
 from dcoco.errors import DcocoError
-from dcoco.models.drafter import BlockDrafter, DrafterConfig
+from dcoco.models.drafter import BlockDrafter
+from dcoco.models.drafter_config import DrafterConfig
 from dcoco.models.drafter_io import load_drafter
 from dcoco.models.head_io import head_kind_of, load_head, save_with_head
 from dcoco.models.head_registry import build_head

@@ -9,7 +9,8 @@ import numpy as np
 import torch
 
 from dcoco.models.copy_hints import NO_HINT, context_hints
-from dcoco.models.drafter import BlockDrafter, DrafterConfig
+from dcoco.models.drafter import BlockDrafter
+from dcoco.models.drafter_config import DrafterConfig
 from dcoco.models.drafter_io import (
     ARCHITECTURE,
     COPY_ARCHITECTURE,

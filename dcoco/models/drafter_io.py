@@ -17,7 +17,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from dcoco.errors import DcocoError
-from dcoco.models.drafter import BlockDrafter, DrafterConfig, check_compatible
+from dcoco.models.drafter import BlockDrafter
+from dcoco.models.drafter_config import DrafterConfig, check_compatible
 
 FORMAT_VERSION = 1
 ARCHITECTURE = "DFlashDraftModel"

@@ -23,7 +23,8 @@ from tqdm import tqdm
 
 from dcoco.data.distill import Sample, load_corpus, split_heldout
 from dcoco.errors import DcocoError
-from dcoco.models.drafter import BlockDrafter, DrafterConfig, check_compatible
+from dcoco.models.drafter import BlockDrafter
+from dcoco.models.drafter_config import DrafterConfig, check_compatible
 from dcoco.models.drafter_io import load_drafter
 from dcoco.models.loading import load_target
 from dcoco.train.block_pass import (
