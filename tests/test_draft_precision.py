@@ -92,3 +92,10 @@ def test_greedy_output_with_an_fp32_drafter_is_plain_decodings(drafter_dir, meth
         prompt = torch.randint(5, 128, (10,), generator=torch.Generator().manual_seed(seed))
         plain = Engine(target).generate(prompt.tolist(), 24).new_ids
         assert Engine(target, proposer).generate(prompt.tolist(), 24).new_ids == plain
+
+
+def test_an_unknown_draft_dtype_fails_before_any_load():
+    from dcoco.decode.session import DecodeConfig
+
+    with pytest.raises(DcocoError, match="unknown draft dtype 'fp8'"):
+        DecodeConfig(draft_dtype="fp8").method_options()

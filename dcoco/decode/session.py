@@ -10,6 +10,7 @@ from dcoco.contracts import SamplingParams
 from dcoco.decode.auto_precision import resolve_dtype
 from dcoco.decode.cost_curve import forward_curve
 from dcoco.decode.draft_length import DraftLengthPolicy
+from dcoco.decode.draft_precision import check_draft_dtype
 from dcoco.decode.engine import Engine
 from dcoco.decode.methods import MethodOptions, build_proposer
 from dcoco.errors import DcocoError
@@ -47,7 +48,7 @@ class DecodeConfig:
             num_draft_tokens=fixed or 0,
             drafter=self.drafter,
             selection=self.selection,
-            draft_dtype=self.draft_dtype,
+            draft_dtype=check_draft_dtype(self.draft_dtype),  # bad input fails at once
         )
 
     def fixed_draft_tokens(self) -> int | None:

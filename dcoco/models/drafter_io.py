@@ -188,8 +188,8 @@ def load_drafter(
     weights = read_weights(path, config, hf, target)
     # A draft head's weights share the file; dcoco.models.head_io loads them.
     weights = {k: v for k, v in weights.items() if not k.startswith(HEAD_PREFIX)}
-    head_dtype = dtype if lm_head is not None else None
-    drafter = BlockDrafter(config, target.embed_tokens, lm_head or target.lm_head, head_dtype)
+    head, head_dtype = (target.lm_head, None) if lm_head is None else (lm_head, dtype)
+    drafter = BlockDrafter(config, target.embed_tokens, head, head_dtype)
     load_weights_strict(drafter, weights, path / WEIGHTS_FILE)
     return drafter.to(device=target.device, dtype=dtype or target.dtype).eval()
 
