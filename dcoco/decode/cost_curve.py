@@ -36,6 +36,7 @@ KERNELS = 2
 class CostCurve:
     setting: str  # what was timed, e.g. "bf16 eager cpu 2 threads"
     forward_ms: dict[int, float]  # tokens in one forward -> median ms
+    batch: str = ""  # curves timed together (measure_forwards) share it; compare only those
 
     def ms(self, tokens: int) -> float:
         """The cost of `tokens`; beyond the measured range, the last point grown linearly."""
@@ -49,33 +50,61 @@ def setting_name(target: TargetModel) -> str:
     device = target.device
     threads = torch.get_num_threads()
     where = f"cpu {threads} threads" if device.type == "cpu" else str(device)
-    return f"{target.precision} {target.attention} {target.matmul} {where}"
+    head = " fp32-head" if target.head_dtype == "fp32" else ""
+    return f"{target.precision}{head} {target.attention} {target.matmul} {where}"
 
 
 def measure_forward(target: TargetModel, max_tokens: int = 16, repeats: int = 9) -> CostCurve:
     """Time the target's forward over 1..max_tokens tokens after a CONTEXT-token prefill."""
-    context = max(1, min(CONTEXT, target.max_context - max_tokens - 1))
-    generator = torch.Generator().manual_seed(0)
-    vocab = target.info.vocab_size
-    ids = torch.randint(0, vocab, (1, context + max_tokens), generator=generator)
-    ids = ids.to(target.device)
-    cache = target.new_cache()
-    target.forward(ids[:, :context], cache, last_logits_only=True)
-    for tokens in range(1, max_tokens + 1):  # one untimed sweep: every shape's kernels warm
-        target.forward(ids[:, context : context + tokens], cache)
-        crop_cache(cache, context)
-    # Round-robin over the token counts, so that a burst of load elsewhere on the machine lands
-    # on every point of the curve alike instead of on a few neighbouring ones.
-    times: dict[int, list[float]] = {tokens: [] for tokens in range(1, max_tokens + 1)}
+    return measure_forwards([target], max_tokens, repeats)[0]
+
+
+def measure_forwards(
+    targets: list[TargetModel], max_tokens: int = 16, repeats: int = 9
+) -> list[CostCurve]:
+    """Each target's curve, timed together: every round visits every target at every token
+    count, so that a burst of load elsewhere on the machine (minutes apart, a shared CPU's speed
+    moved 1.2-1.4x here) lands on every setting alike and the settings compare fairly."""
+    runs = [_ForwardRun(target, max_tokens) for target in targets]
+    batch = f"{time.time():.0f}-{id(runs)}"
+    times = [{tokens: [] for tokens in range(1, max_tokens + 1)} for _ in runs]
     for _ in range(repeats):
-        for tokens, samples in times.items():
-            start = time.perf_counter()
-            target.forward(ids[:, context : context + tokens], cache)
-            _sync(target.device)
-            samples.append(time.perf_counter() - start)
-            crop_cache(cache, context)
-    curve = {tokens: round(sorted(s)[len(s) // 2] * 1000, 2) for tokens, s in times.items()}
-    return CostCurve(setting_name(target), curve)
+        for tokens in range(1, max_tokens + 1):
+            for run, samples in zip(runs, times, strict=True):
+                samples[tokens].append(run.time(tokens))
+    return [
+        CostCurve(
+            setting_name(run.target),
+            {n: round(statistics.median(s) * 1000, 2) for n, s in samples.items()},
+            batch,
+        )
+        for run, samples in zip(runs, times, strict=True)
+    ]
+
+
+class _ForwardRun:
+    """A target with a CONTEXT-token cache, ready to time forwards over 1..max_tokens tokens."""
+
+    def __init__(self, target: TargetModel, max_tokens: int):
+        self.target = target
+        self.context = max(1, min(CONTEXT, target.max_context - max_tokens - 1))
+        generator = torch.Generator().manual_seed(0)
+        vocab = target.info.vocab_size
+        ids = torch.randint(0, vocab, (1, self.context + max_tokens), generator=generator)
+        self.ids = ids.to(target.device)
+        self.cache = target.new_cache()
+        target.forward(self.ids[:, : self.context], self.cache, last_logits_only=True)
+        for tokens in range(1, max_tokens + 1):  # one untimed sweep: every shape's kernels warm
+            self.time(tokens)
+
+    def time(self, tokens: int) -> float:
+        """Seconds of one forward over `tokens` (the cache is cropped back after)."""
+        start = time.perf_counter()
+        self.target.forward(self.ids[:, self.context : self.context + tokens], self.cache)
+        _sync(self.target.device)
+        elapsed = time.perf_counter() - start
+        crop_cache(self.cache, self.context)
+        return elapsed
 
 
 def measure_draft(
@@ -116,22 +145,44 @@ def interleaved_ms(calls: list[Callable[[], object]], repeats: int, warmup: int 
 
 def forward_curve(target: TargetModel, max_tokens: int = 16, refresh: bool = False) -> CostCurve:
     """The cached curve for this machine and setting, measured (a few seconds) when missing."""
+    return forward_curves([target], max_tokens, refresh)[0]
+
+
+def forward_curves(
+    targets: list[TargetModel], max_tokens: int = 16, refresh: bool = False
+) -> list[CostCurve]:
+    """The cached curve of each target, all from one measurement: when any is missing, or they
+    were timed apart (`batch`), or with `refresh`, all are measured together (measure_forwards)
+    and cached."""
     max_tokens = max(max_tokens, CURVE_TOKENS)
-    path = _curve_path(target, max_tokens)
-    if path.is_file() and not refresh:
-        try:
-            record = json.loads(path.read_text())
-            points = {int(k): float(v) for k, v in record["forward_ms"].items()}
-            return CostCurve(record["setting"], points)
-        except (ValueError, KeyError, TypeError, AttributeError):
-            print(f"dcoco: cost curve {path} is unreadable; measuring it again", file=sys.stderr)
-    print(f"dcoco: timing the target's forward for 1..{max_tokens} tokens once", file=sys.stderr)
-    curve = measure_forward(target, max_tokens)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_suffix(".partial")
-    staging.write_text(json.dumps(asdict(curve), indent=1))
-    staging.replace(path)
-    return curve
+    paths = [_curve_path(target, max_tokens) for target in targets]
+    curves = [None if refresh else _read_curve(path) for path in paths]
+    if len({curve.batch if curve else None for curve in curves}) > 1:
+        curves = [None] * len(curves)  # timed apart: a setting's load then is not another's
+    missing = [i for i, curve in enumerate(curves) if curve is None]
+    if missing:
+        print(f"dcoco: timing the target's forward for 1..{max_tokens} tokens once "
+              f"({len(missing)} setting(s))", file=sys.stderr)  # fmt: skip
+        measured = measure_forwards([targets[i] for i in missing], max_tokens)
+        for i, curve in zip(missing, measured, strict=True):
+            paths[i].parent.mkdir(parents=True, exist_ok=True)
+            staging = paths[i].with_suffix(".partial")
+            staging.write_text(json.dumps(asdict(curve), indent=1))
+            staging.replace(paths[i])
+            curves[i] = curve
+    return curves
+
+
+def _read_curve(path: Path) -> CostCurve | None:
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+        points = {int(k): float(v) for k, v in record["forward_ms"].items()}
+        return CostCurve(record["setting"], points, str(record.get("batch", "")))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        print(f"dcoco: cost curve {path} is unreadable; measuring it again", file=sys.stderr)
+        return None
 
 
 def machine_fingerprint() -> dict[str, str]:

@@ -18,11 +18,13 @@ from torch import nn
 from dcoco.errors import DcocoError
 from dcoco.models.drafter import BlockDrafter
 from dcoco.models.drafter_io import load_drafter
-from dcoco.models.packed_linear import PackedLinear, native_bf16, onednn_available, pack_linears
+from dcoco.models.head_precision import Fp32Head, head_copy
+from dcoco.models.packed_linear import native_bf16, onednn_available, pack_linears
 from dcoco.models.target import TargetModel
 
 DRAFT_DTYPES = ("auto", "target", "fp32")
 HALF = (torch.bfloat16, torch.float16)
+PLAIN_HEADS = (nn.Linear, Fp32Head)  # heads whose weights an fp32 drafter can run on
 
 
 def check_draft_dtype(name: str) -> str:
@@ -36,37 +38,28 @@ def draft_dtype(name: str, target: TargetModel) -> torch.dtype:
     if check_draft_dtype(name) == "target":
         return target.dtype
     if name == "fp32":
-        if not isinstance(target.lm_head, nn.Linear):
+        if not isinstance(target.lm_head, PLAIN_HEADS):
             raise DcocoError(
                 f"--draft-dtype fp32 needs the target's LM head as plain weights (its precision "
                 f"{target.precision} keeps it otherwise); use --draft-dtype target"
             )
         return torch.float32
     emulated = target.device.type == "cpu" and not native_bf16()
-    plain_head = isinstance(target.lm_head, nn.Linear)
+    plain_head = isinstance(target.lm_head, PLAIN_HEADS)
     return torch.float32 if emulated and plain_head and target.dtype in HALF else target.dtype
 
 
 def load_proposer_drafter(path, target: TargetModel, name: str) -> BlockDrafter:
     """The drafter in `path` at the dtype `name` resolves to, with an LM head copy of its own
-    where that differs from the target's dtype. Its linear layers are not packed yet (a draft
-    head may read them first: pack_drafter)."""
+    where that differs from the target's dtype (an fp32 drafter shares the target's fp32 head,
+    dcoco.models.head_precision). Its linear layers are not packed yet (a draft head may read
+    them first: pack_drafter)."""
     dtype = draft_dtype(name, target)
     if dtype == target.dtype:
         return load_drafter(path, target)
-    return load_drafter(path, target, dtype, own_head(target.lm_head, dtype))
-
-
-def own_head(head: nn.Linear, dtype: torch.dtype) -> nn.Module:
-    """A copy of the target's LM head in `dtype`, on oneDNN's prepacked kernel where it has one."""
-    shape = dict(bias=head.bias is not None, device="meta", dtype=dtype)  # no random init
-    copy = nn.Linear(head.in_features, head.out_features, **shape)
-    copy = copy.to_empty(device=head.weight.device).requires_grad_(False)
-    copy.weight.copy_(head.weight.detach())
-    if head.bias is not None:
-        copy.bias.copy_(head.bias.detach())
-    usable = head.weight.device.type == "cpu" and onednn_available(dtype)
-    return PackedLinear(copy) if usable else copy
+    if dtype == torch.float32 and isinstance(target.lm_head, Fp32Head):
+        return load_drafter(path, target, dtype, target.lm_head)
+    return load_drafter(path, target, dtype, head_copy(target.lm_head, dtype))
 
 
 def pack_drafter(drafter: BlockDrafter, target: TargetModel) -> BlockDrafter:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from dcoco.contracts import SamplingParams
-from dcoco.decode.auto_precision import resolve_dtype
+from dcoco.decode.auto_precision import resolve_precision
 from dcoco.decode.cost_curve import forward_curve
 from dcoco.decode.draft_length import DraftLengthPolicy
 from dcoco.decode.draft_precision import check_draft_dtype
@@ -38,6 +38,7 @@ class DecodeConfig:
     drafter: str = ""  # drafter checkpoint; empty = the one shipped for the target
     selection: str = "greedy"  # dcoco's selection rule: greedy | keep1 | global | discounted | top1
     draft_dtype: str = "auto"  # drafter precision: auto (fp32 beside bf16 on AVX2) | target | fp32
+    head_dtype: str = "auto"  # LM head precision: auto (measured with --dtype) | target | fp32
 
     def sampling(self, temperature: float = 0.0) -> SamplingParams:
         return SamplingParams(temperature=temperature, top_p=self.top_p, top_k=self.top_k)
@@ -68,17 +69,16 @@ class DecodeConfig:
 
 def open_target(config: DecodeConfig, methods: list[str] = ()) -> TargetModel:
     """The target at the config's precision; `auto` is resolved here for `methods` (our method
-    specs the command decodes with) and written back into `config.dtype`, so everything after
-    the load reads the precision that ran."""
+    specs the command decodes with) and written back into `config.dtype` and
+    `config.head_dtype`, so everything after the load reads the precision that ran."""
     config.sampling()  # validate the flags before the (slower) model load
     if config.max_new_tokens <= 0:
         raise DcocoError(f"max-new-tokens must be > 0, got {config.max_new_tokens}")
     if config.threads > 0:
         torch.set_num_threads(config.threads)
-    config.dtype = resolve_dtype(config, list(methods))
-    return load_target(
-        config.target, config.dtype, config.device or None, config.attention, config.matmul
-    )
+    config.dtype, config.head_dtype = resolve_precision(config, list(methods))
+    return load_target(config.target, config.dtype, config.device or None, config.attention,
+                       config.matmul, config.head_dtype)  # fmt: skip
 
 
 def make_engine(target: TargetModel, method: str, config: DecodeConfig) -> Engine:

@@ -101,7 +101,7 @@ def run_bench(
     run_dir = _open_run_dir(config)
     if target is None:
         target = open_target(config, ours_at_run_precision(rows))
-    config.dtype = target.precision
+    config.dtype, config.head_dtype = target.precision, target.head_dtype
     targets = RowTargets(config, target)
     engines = {row.name: make_row_engine(row, targets) for row in rows}
     _write_config(run_dir, config, target, {row.name: row_precision(row, config) for row in rows})

@@ -2,7 +2,8 @@
 
 SPEC is one of our methods (dcoco.decode.methods: plain, pld, dflash, dcoco:keep1@dir, ...) or a
 peer engine (dcoco.eval.peers: hf, hf-pld, llama-cpp). `%DTYPE` runs that row at another target
-precision than the run's `--dtype` (`plain%bf16` beside a gguf run is our bf16 plain decoding);
+precision than the run's `--dtype` (`plain%bf16` beside a gguf run is our bf16 plain decoding,
+its LM head in bf16 whatever `--head-dtype` says);
 rows at one precision share one loaded target. The whole string names the row in reports.
 """
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dcoco.decode.auto_precision import setting_label
 from dcoco.decode.methods import check_method
 from dcoco.decode.session import DecodeConfig, make_engine, open_target
 from dcoco.errors import DcocoError
@@ -88,10 +90,11 @@ def row_precision(row: BenchRow, config: DecodeConfig) -> str:
         return LlamaCppPeer.precision
     if row.method in PEER_METHODS and not row.dtype and config.dtype in ("int8", "gguf"):
         return "bf16"  # transformers runs neither of our weight-only formats
-    return row.dtype or config.dtype
+    return row.dtype or setting_label(config.dtype, config.head_dtype)
 
 
 def _with_dtype(config: DecodeConfig, dtype: str | None) -> DecodeConfig:
     import dataclasses
 
-    return config if not dtype else dataclasses.replace(config, dtype=dtype)
+    # a row at its own precision runs that precision as named, its own LM head included
+    return config if not dtype else dataclasses.replace(config, dtype=dtype, head_dtype="target")

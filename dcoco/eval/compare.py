@@ -14,6 +14,7 @@ from pathlib import Path
 
 from dcoco.config import Command
 from dcoco.data.jsonl import iter_jsonl
+from dcoco.decode.auto_precision import setting_label
 from dcoco.decode.session import DecodeConfig, open_target
 from dcoco.errors import DcocoError
 from dcoco.eval.bench_rows import RowTargets, make_row_engine, ours_at_run_precision, parse_row
@@ -98,8 +99,9 @@ def run(config: CompareConfig) -> int:
             )
 
     summary = summarize(records, baseline=methods[0])
+    precision = setting_label(target.precision, target.head_dtype)
     print(
-        f"target {config.target} | precision {target.precision} ({target.attention} attention, "
+        f"target {config.target} | precision {precision} ({target.attention} attention, "
         f"{target.matmul} matmul) | "
         f"T={config.temperature} | max new tokens {config.max_new_tokens} | "
         f"drafts per cycle {config.num_draft_tokens}"

@@ -1,7 +1,8 @@
 """`dcoco profile`: what a decoding cycle costs on this machine, and which setting the engine uses.
 
 It times the target's forward over 1..N tokens after a 300-token context, at each precision and
-matmul kernel (aten, or oneDNN with prepacked weights); the drafter's pass and the draft head's
+matmul kernel (aten, or oneDNN with prepacked weights), and on a CPU that emulates bf16 also with
+the LM head in fp32 (`fp32-head`); the drafter's pass and the draft head's
 correction for each number of slots; and says which precision, attention and matmul kernels and
 draft length the engine picks by default. Speculation pays when verifying
 k + 1 tokens costs about one step, so the ratio verify(8) / step(1) is the first number to read.
@@ -17,11 +18,18 @@ from dataclasses import dataclass
 import torch
 
 from dcoco.config import Command
-from dcoco.decode.auto_precision import auto_choice, describe, has_gguf, resolve_dtype
+from dcoco.decode.auto_precision import (
+    auto_choice,
+    describe,
+    has_gguf,
+    resolve_precision,
+    setting_label,
+)
 from dcoco.decode.cost_curve import (
     CONTEXT,
     CostCurve,
     forward_curve,
+    forward_curves,
     machine_fingerprint,
     measure_draft,
 )
@@ -29,6 +37,7 @@ from dcoco.decode.draft_length import DraftLengthPolicy
 from dcoco.decode.methods import MethodOptions, build_proposer, check_method
 from dcoco.decode.session import DecodeConfig
 from dcoco.errors import DcocoError
+from dcoco.models.head_precision import fp32_head_pays
 from dcoco.models.loading import DEFAULT_TARGET, default_device, load_target
 from dcoco.models.packed_linear import resolve_matmul
 from dcoco.models.precision import check_precision, load_dtype
@@ -57,26 +66,28 @@ def run(config: ProfileConfig) -> int:
     if config.threads > 0:
         torch.set_num_threads(config.threads)
     report: dict = {"machine": machine_fingerprint(), "target": config.target, "forward_ms": {}}
+    # every setting timed together (forward_curves), so their curves compare, auto's too
+    settings = _settings(config)
+    targets = [
+        load_target(config.target, dtype, config.device or None, config.attention, matmul, head)
+        for dtype, matmul, head in settings
+    ]
+    curves = forward_curves(targets, config.max_tokens, refresh=config.refresh)
+    for curve in curves:
+        report["forward_ms"][curve.setting] = _keys(curve.forward_ms)
     auto = DecodeConfig(target=config.target, device=config.device, attention=config.attention)
-    chosen = resolve_dtype(auto, methods, refresh=config.refresh)
-    report["auto_dtype"] = chosen
+    chosen, head = resolve_precision(auto, methods, refresh=config.refresh)
+    report["auto_dtype"] = setting_label(chosen, head)
     if (torch.device(config.device) if config.device else default_device()).type == "cpu":
         record = auto_choice(auto, methods, announce=False)
         report["auto_why"], report["draft_ms_by_dtype"] = describe(record), record["draft_ms"]
-    default = (chosen, _resolved(DEFAULT_MATMUL, chosen, config))
-    default_target = None
-    for setting in _settings(config):
-        dtype, matmul = setting
-        target = load_target(config.target, dtype, config.device or None, config.attention, matmul)
-        curve = forward_curve(target, config.max_tokens, refresh=config.refresh)
-        report["forward_ms"][curve.setting] = _keys(curve.forward_ms)
-        if setting == default:
-            default_target = target, curve
-    if default_target is None:  # the default setting is profiled whether asked for or not
-        target = load_target(
-            config.target, default[0], config.device or None, config.attention, default[1]
-        )
-        default_target = target, forward_curve(target, config.max_tokens, config.refresh)
+    default = (chosen, _resolved(DEFAULT_MATMUL, chosen, config), head)
+    if default in settings:
+        default_target = targets[settings.index(default)], curves[settings.index(default)]
+    else:  # the default setting is profiled whether asked for or not
+        target = load_target(config.target, default[0], config.device or None, config.attention,
+                             default[1], default[2])  # fmt: skip
+        default_target = target, forward_curve(target, config.max_tokens)
     target, curve = default_target
     report["default"] = {"setting": curve.setting, "methods": {}}
     for method in methods:
@@ -85,16 +96,21 @@ def run(config: ProfileConfig) -> int:
     return 0
 
 
-def _settings(config: ProfileConfig) -> list[tuple[str, str]]:
-    """(precision, matmul kernel) pairs to time: each kernel where it applies (oneDNN's prepacked
-    linear takes CPU fp32 and bf16 only; int8 has its own kernel)."""
-    pairs = []
+def _settings(config: ProfileConfig) -> list[tuple[str, str, str]]:
+    """(precision, matmul kernel, head dtype) to time: each kernel where it applies (oneDNN's
+    prepacked linear takes CPU fp32 and bf16 only; int8 has its own kernel), with the target's
+    LM head and, where auto weighs it, the fp32 head."""
+    settings = []
+    device = torch.device(config.device) if config.device else default_device()
     for dtype in [check_precision(d) for d in config.dtypes]:
         if dtype == "gguf" and not has_gguf(config.target):
             continue  # a target without a GGUF file has no gguf precision
         kernels = {_resolved(m, dtype, config) for m in config.matmuls if m.strip()}
-        pairs += [(dtype, kernel) for kernel in sorted(kernels or {"aten"})]
-    return pairs
+        heads = ("target", "fp32") if fp32_head_pays(dtype, device) else ("target",)
+        settings += [
+            (dtype, kernel, head) for kernel in sorted(kernels or {"aten"}) for head in heads
+        ]
+    return settings
 
 
 def _resolved(matmul: str, dtype: str, config: ProfileConfig) -> str:

@@ -20,6 +20,7 @@ import torch
 
 from dcoco.errors import DcocoError
 from dcoco.models.gguf_weights import load_gguf_linears
+from dcoco.models.head_precision import install_head
 from dcoco.models.packed_linear import pack_linears, resolve_matmul
 from dcoco.models.precision import load_dtype, quantise_int8_weights, resolve_attention
 from dcoco.models.rowwise_attention import hf_attention
@@ -75,11 +76,13 @@ def load_target(
     device: str | None = None,
     attention: str = "auto",
     matmul: str = "aten",
+    head_dtype: str = "target",
 ):
     """Load `spec` as a TargetModel on `device` (CUDA when present, else CPU), at precision
     `dtype` (dcoco.models.precision: bf16 | fp32 | fp16 | int8 | gguf) with the `attention`
     kernel and the `matmul` kernel of its linear layers (dcoco.models.packed_linear: aten, the
-    default, trains; onednn decodes faster on CPU and has no backward).
+    default, trains; onednn decodes faster on CPU and has no backward), and the LM head at
+    `head_dtype` (dcoco.models.head_precision: target | fp32).
 
     bf16 is the decoding default: a batch-1 step is memory-bound, and bf16 halves the bytes even
     where matmuls are emulated (AVX2 CPUs), while fp32 is the dtype for exactness checks. Training,
@@ -106,6 +109,7 @@ def load_target(
         quantise_int8_weights(model)
     if dtype == "gguf":
         load_gguf_linears(model, gguf_file(spec))
+    install_head(model, head_dtype)  # before packing: its fp32 copy is packed already
     if matmul == "onednn":
         pack_linears(model)
     name = spec if spec in EMBEDDED_TARGETS else path.name

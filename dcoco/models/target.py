@@ -17,6 +17,7 @@ from transformers import DynamicCache, PreTrainedModel
 from dcoco.contracts import TargetOutput
 from dcoco.errors import DcocoError
 from dcoco.models.cache import new_cache
+from dcoco.models.head_precision import Fp32Head
 from dcoco.models.precision import LOAD_DTYPES
 
 
@@ -74,6 +75,12 @@ class TargetModel:
     @property
     def dtype(self) -> torch.dtype:
         return self.embed_tokens.weight.dtype
+
+    @property
+    def head_dtype(self) -> str:
+        """`fp32` where the LM head runs in fp32 beside a half-precision target
+        (dcoco.models.head_precision), else `target`."""
+        return "fp32" if isinstance(self.lm_head, Fp32Head) else "target"
 
     def new_cache(self) -> DynamicCache:
         return new_cache(self.config)
