@@ -99,6 +99,8 @@ def run_bench(
     if not prompts:
         raise DcocoError("no prompts to run: the chosen suites (or this shard) are empty")
     run_dir = _open_run_dir(config)
+    if config.resume:
+        _keep_first_precision(config, run_dir)
     if target is None:
         target = open_target(config, ours_at_run_precision(rows))
     config.dtype, config.head_dtype = target.precision, target.head_dtype
@@ -257,6 +259,23 @@ def _open_run_dir(config: BenchConfig) -> Path:
     return run_dir
 
 
+def _keep_first_precision(config: BenchConfig, run_dir: Path) -> None:
+    """A resumed run decodes at the precision its first session ran at: `auto`, chosen again
+    from timings on a shared machine, may land elsewhere, and one run would mix two settings."""
+    path = run_dir / CONFIG_FILE
+    try:
+        sessions = json.loads(path.read_text())["sessions"] if path.is_file() else []
+    except (ValueError, KeyError, TypeError) as error:
+        raise DcocoError(f"{run_dir.name}/{CONFIG_FILE} is unreadable: {error}") from error
+    if not sessions:
+        return
+    first = sessions[0]
+    if config.dtype == "auto":
+        config.dtype = first["dtype"]
+    if config.head_dtype == "auto":
+        config.head_dtype = first.get("head_dtype", "target")  # runs before the head setting
+
+
 def _write_config(
     run_dir: Path, config: BenchConfig, target: TargetModel, precisions: dict[str, str]
 ) -> None:
@@ -266,6 +285,7 @@ def _write_config(
         started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         target=target.name,
         dtype=target.precision,
+        head_dtype=target.head_dtype,
         precisions=precisions,  # row -> the precision its weights ran at
         attention=target.attention,
         matmul=target.matmul,
