@@ -113,3 +113,8 @@ def test_cached_curves_timed_apart_are_timed_again_together(tmp_path, monkeypatc
     assert calls == [2]  # the second was missing: both timed again, in one run
     assert together[0].batch == together[1].batch != first.batch
     assert cost_curve.forward_curves(targets) == together and calls == [2]  # now read back
+    for path in (tmp_path / "profiles").iterdir():  # as cached before curves had a batch
+        path.write_text(path.read_text().replace(together[0].batch, ""))
+    assert cost_curve.forward_curve(targets[0]).batch == ""  # alone, it is read back
+    cost_curve.forward_curves(targets)
+    assert calls == [2, 2]  # together, they are timed again

@@ -157,7 +157,8 @@ def forward_curves(
     max_tokens = max(max_tokens, CURVE_TOKENS)
     paths = [_curve_path(target, max_tokens) for target in targets]
     curves = [None if refresh else _read_curve(path) for path in paths]
-    if len({curve.batch if curve else None for curve in curves}) > 1:
+    batches = {curve.batch if curve else None for curve in curves}
+    if len(batches) > 1 or (len(curves) > 1 and "" in batches):  # "": cached before batches
         curves = [None] * len(curves)  # timed apart: a setting's load then is not another's
     missing = [i for i, curve in enumerate(curves) if curve is None]
     if missing:
