@@ -288,18 +288,18 @@ def test_report_tabulates_per_position_acceptance_of_drafting_methods(run_dir):
 def test_a_resumed_run_keeps_the_precision_its_first_session_ran_at(tmp_path):
     """`--dtype auto` chosen again from a shared machine's timings could land elsewhere; a
     resumed run takes its first session's precision and head instead."""
-    from dcoco.eval.bench import _keep_first_precision
+    from dcoco.eval.run_record import keep_first_precision
 
     record = {"config": {}, "sessions": [{"dtype": "gguf", "head_dtype": "fp32"}, {"dtype": "x"}]}
     (tmp_path / "config.json").write_text(json.dumps(record))
     config = BenchConfig()  # dtype and head dtype auto
-    _keep_first_precision(config, tmp_path)
+    keep_first_precision(config, tmp_path / "config.json")
     assert (config.dtype, config.head_dtype) == ("gguf", "fp32")
     record["sessions"][0].pop("head_dtype")  # a run from before the head setting
     (tmp_path / "config.json").write_text(json.dumps(record))
     asked = BenchConfig(dtype="bf16")
-    _keep_first_precision(asked, tmp_path)
+    keep_first_precision(asked, tmp_path / "config.json")
     assert (asked.dtype, asked.head_dtype) == ("bf16", "target")  # what is asked for stays
     (tmp_path / "config.json").write_text("{broken")
     with pytest.raises(DcocoError, match="config.json is unreadable"):
-        _keep_first_precision(BenchConfig(), tmp_path)
+        keep_first_precision(BenchConfig(), tmp_path / "config.json")

@@ -81,9 +81,10 @@ def auto_choice(config, methods: list[str], refresh: bool = False, announce: boo
         for name, (dtype, head) in settings.items()
     }
     curves = dict(zip(targets, forward_curves(list(targets.values())), strict=True))
-    drafts = _draft_costs(targets, methods, config.method_options())
+    options = config.method_options()
+    drafts = _draft_costs(targets, methods, options)
     best = {
-        name: _best_method(targets[name], curves[name], drafts[name], methods, config)
+        name: _best_method(targets[name], curves[name], drafts[name], methods, options)
         for name in settings
     }
     rates = {name: choice.pop("rate") for name, choice in best.items()}
@@ -120,13 +121,15 @@ def method_choice(
     return rates[k], k
 
 
-def _best_method(target, curve: CostCurve, drafts: dict, methods: list[str], config) -> dict:
+def _best_method(
+    target, curve: CostCurve, drafts: dict, methods: list[str], options: MethodOptions
+) -> dict:
     """{"rate", "method", "k", "draft_ms"} of the method expecting the most tokens per ms on
     `curve`, each drafter method's draft costing `drafts[method]` ms."""
     best: dict = {"rate": 0.0}
     for method in methods:
         draft_ms = drafts.get(method, 0.0)
-        rate, k = method_choice(method, target, curve, config.method_options(), draft_ms)
+        rate, k = method_choice(method, target, curve, options, draft_ms)
         if rate > best["rate"]:
             best = {"rate": round(rate, 5), "method": method, "k": k, "draft_ms": draft_ms}
     return best

@@ -39,7 +39,13 @@ from dcoco.eval.bench_rows import (
     parse_row,
     row_precision,
 )
-from dcoco.eval.run_record import check_same_machine, machine, method_checkpoints, write_run_record
+from dcoco.eval.run_record import (
+    check_same_machine,
+    keep_first_precision,
+    machine,
+    method_checkpoints,
+    write_run_record,
+)
 from dcoco.eval.samples import (
     SampleKey,
     SampleWriter,
@@ -100,7 +106,7 @@ def run_bench(
         raise DcocoError("no prompts to run: the chosen suites (or this shard) are empty")
     run_dir = _open_run_dir(config)
     if config.resume:
-        _keep_first_precision(config, run_dir)
+        keep_first_precision(config, run_dir / CONFIG_FILE)
     if target is None:
         target = open_target(config, ours_at_run_precision(rows))
     config.dtype, config.head_dtype = target.precision, target.head_dtype
@@ -257,23 +263,6 @@ def _open_run_dir(config: BenchConfig) -> Path:
         )
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
-
-
-def _keep_first_precision(config: BenchConfig, run_dir: Path) -> None:
-    """A resumed run decodes at the precision its first session ran at: `auto`, chosen again
-    from timings on a shared machine, may land elsewhere, and one run would mix two settings."""
-    path = run_dir / CONFIG_FILE
-    try:
-        sessions = json.loads(path.read_text())["sessions"] if path.is_file() else []
-    except (ValueError, KeyError, TypeError) as error:
-        raise DcocoError(f"{run_dir.name}/{CONFIG_FILE} is unreadable: {error}") from error
-    if not sessions:
-        return
-    first = sessions[0]
-    if config.dtype == "auto":
-        config.dtype = first["dtype"]
-    if config.head_dtype == "auto":
-        config.head_dtype = first.get("head_dtype", "target")  # runs before the head setting
 
 
 def _write_config(

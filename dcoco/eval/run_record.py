@@ -63,6 +63,23 @@ def check_same_machine(sessions: list[dict], run_dir: Path) -> None:
         )
 
 
+def keep_first_precision(config, path: Path) -> None:
+    """A resumed run (its config.json at `path`) decodes at the precision its first session ran
+    at: `auto`, chosen again from timings on a shared machine, may land elsewhere, and one run
+    would mix two settings."""
+    try:
+        sessions = json.loads(path.read_text())["sessions"] if path.is_file() else []
+    except (ValueError, KeyError, TypeError) as error:
+        raise DcocoError(f"{path.parent.name}/{path.name} is unreadable: {error}") from error
+    if not sessions:
+        return
+    first = sessions[0]
+    if config.dtype == "auto":
+        config.dtype = first["dtype"]
+    if config.head_dtype == "auto":
+        config.head_dtype = first.get("head_dtype", "target")  # runs before the head setting
+
+
 def _git(*args: str) -> str | None:
     try:
         done = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
