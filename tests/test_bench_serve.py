@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from dcoco.cli import main
+from dcoco.errors import DcocoError
 from dcoco.eval.serving_bench import BenchServeConfig, run_bench_serve
 from dcoco.eval.serving_metrics import (
     aggregate,
@@ -95,6 +96,7 @@ class _FakeServer(BaseHTTPRequestHandler):
     lock = threading.Lock()
     drafts = 0
     accepted = 0
+    ports: list[int] = []  # which server answered each completion, in order
 
     def do_GET(self):  # noqa: N802 - http.server's naming
         if self.path == "/v1/models":
@@ -116,6 +118,7 @@ class _FakeServer(BaseHTTPRequestHandler):
         with self.lock:
             type(self).drafts += 2
             type(self).accepted += 3
+            type(self).ports.append(self.server.server_address[1])
         self._send(
             {
                 "choices": [{"finish_reason": "length"}],
@@ -134,14 +137,60 @@ class _FakeServer(BaseHTTPRequestHandler):
         pass
 
 
+def _serve():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
 @pytest.fixture
 def fake_server():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeServer)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    server = _serve()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
+
+
+def test_several_servers_are_loaded_in_turn_level_by_level(tmp_path, drawn):
+    from dcoco.eval.serving_bench import run
+
+    servers = [_serve(), _serve()]
+    a, b = (server.server_address[1] for server in servers)
+    prompts = tmp_path / "suite.jsonl"
+    records = [{"id": str(i), "category": "chat", "turns": [f"hi {i}"]} for i in range(3)]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in records))
+    config = BenchServeConfig(
+        servers=(f"plain=http://127.0.0.1:{a}", f"dcoco@x=http://127.0.0.1:{b}/"),
+        prompts=str(prompts),
+        suites="all",
+        concurrency=(1, 2),
+        max_tokens=8,
+        warmup=False,
+        out=str(tmp_path / "out"),
+    )
+    _FakeServer.ports.clear()
+    try:
+        assert run(config) == 0
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+    # level 1 (3 requests): plain, then dcoco; level 2 (4 requests): the order reversed
+    assert _FakeServer.ports == [a] * 3 + [b] * 3 + [b] * 4 + [a] * 4
+    for name, label in (("plain", "plain"), ("dcoco-x", "dcoco@x")):
+        result = json.loads((tmp_path / "out" / name / "bench_serve.json").read_text())
+        assert result["label"] == label and [lv["concurrency"] for lv in result["levels"]] == [1, 2]
+        assert all(lv["spec"]["tau"] == pytest.approx(2.5) for lv in result["levels"])
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "| plain | 0 | 1.00× | 1.00× |" in summary and "\n| dcoco | 0 | " in summary
+
+
+@pytest.mark.parametrize("servers", [("plain",), ("a=http://x", "a=http://y"), ("=http://x",)])
+def test_servers_need_distinct_labels_and_urls(servers):
+    from dcoco.eval.serving_interleave import parse_servers
+
+    with pytest.raises(DcocoError, match="--servers"):
+        parse_servers(servers)
 
 
 def test_bench_serve_runs_end_to_end_against_a_server(fake_server, tmp_path, drawn):
@@ -223,11 +272,15 @@ def test_compare_tables_give_ratios_to_plain_and_dcocos_margins():
         run("dcoco@dcoco-joint-12k", {1: 100.0, 8: 200.0}),
         run("dspark@dspark-dropin", {1: 90.0, 8: 100.0}),
         run("domino@domino-dropin", {1: 40.0, 8: 160.0}),
+        run("dcoco:greedy/4@dcoco-joint-12k", {1: 120.0, 8: 100.0}),  # another rule: its own row
     ]
     ratios = ratio_table(results)
     assert "| dcoco | 0 | 2.00× | 1.00× |" in ratios
+    assert "| dcoco:greedy/4 | 0 | 2.40× | 0.50× |" in ratios
     assert "| dflash | 0 | 1.60× | 0.95× |" in ratios
     margins = margin_table(results)
     assert "| dflash | 0 | 1.25× | 1.05× |" in margins
     # the best sequential head per level: dspark at 1 stream (90), domino at 8 (160)
     assert "| best sequential head | 0 | 1.11× | 1.25× |" in margins
+    assert "| dflash (`dcoco:greedy/4`) | 0 | 1.50× | 0.53× |" in margins
+    assert margins.index("| dflash |") < margins.index("| dflash (`dcoco:greedy/4`)")

@@ -145,9 +145,9 @@ def test_measured_schedule_is_cached(tmp_path, monkeypatch):
     probe = {"speculative": {"method": "dflash", "num_speculative_tokens": 3}}
     first, record = auto_schedule.measured("python", probe, {"machine": "m"}, threads=2)
     again, _ = auto_schedule.measured("python", probe, {"machine": "m"}, threads=2)
-    # K = 1 and 2 are interpolated: at 2 requests K = 1 (step 0.0465 s, 64.5 tokens/s) beats
-    # K = 0 (60) and the measured K = 3 (55)
-    assert first == again == "1:3,2:1,3-:0/1:1,2-:0"
+    # K = 1 and 2 pay the drafter's pass as K = 3 does (the only drafting K measured): at 2
+    # requests K = 0 (60 tokens/s) beats them all
+    assert first == again == "1:3,2-:0/1:1,2-:0"
     assert len(calls) == 1
     other = {**probe, "model": "another drafter"}  # another method is measured on its own
     auto_schedule.measured("python", {**other}, {"machine": "m", "probe": other}, threads=2)
@@ -156,6 +156,26 @@ def test_measured_schedule_is_cached(tmp_path, monkeypatch):
     assert record["tokens_per_s"]["0"]["3"]["1"] == 60.0
     assert record["acceptance"]["0"] == [0.5, 0.3, 0.2] and "step_s" in record
     assert calls[0]["calibration"]["max_tokens"] == auto_schedule.CALIBRATION_TOKENS
+
+
+def test_a_cached_record_is_chosen_again_from_its_measurements(tmp_path, monkeypatch):
+    monkeypatch.setenv("DCOCO_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def fake_probe(python, request, threads):
+        calls.append(request)
+        rates = {"0": {"0": {"1": 30.0}, "2": {"1": 60.0}}, "1": {"0": {"1": 30.0}}}
+        return _summary(rates, {"0": [0.6, 0.3], "1": [0.1]})
+
+    monkeypatch.setattr(auto_schedule, "_run_probe", fake_probe)
+    probe = {"speculative": {"method": "dflash", "num_speculative_tokens": 2}}
+    first, _ = auto_schedule.measured("python", probe, {"machine": "m"}, threads=2)
+    path = next((tmp_path / "serve-schedules").glob("*.json"))
+    stale = {**json.loads(path.read_text()), "schedule": "1-:0/1-:0"}  # an older rule's choice
+    path.write_text(json.dumps(stale))
+    again, record = auto_schedule.measured("python", probe, {"machine": "m"}, threads=2)
+    assert again == first == record["schedule"] == "1-:2/1-:0" and len(calls) == 1
+    assert json.loads(path.read_text())["schedule"] == first  # rewritten
 
 
 def test_schedule_prompts_replace_the_probes_and_key_the_cache(tmp_path, monkeypatch):

@@ -35,12 +35,28 @@ def test_step_times_between_measured_draft_lengths_are_interpolated():
     step_s = {"0": {"1": 0.02, "4": 0.04}, "2": {"1": 0.03, "4": 0.08}, "5": {"1": 0.06}}
     assert schedule_choice.interpolated(step_s) == {
         "0": {"1": 0.02, "4": 0.04},
-        "1": {"1": 0.025, "4": 0.06},
+        # below the first drafting K: the line through K = 2 and 5 extended (0.03 - 0.01),
+        # at least K = 0's time; where only K = 2 is measured, K = 2's time
+        "1": {"1": 0.02, "4": 0.08},
         "2": {"1": 0.03, "4": 0.08},
         "3": {"1": 0.04},  # a batch size measured at one end only stays out
         "4": {"1": 0.05},
         "5": {"1": 0.06},
     }
+
+
+def test_a_short_draft_pays_the_drafters_pass_not_a_share_of_it():
+    # the probe's cells for `dcoco` at T = 1, one request (2026-12-04, Xeon): K = 0 29.8 ms,
+    # K = 2 43.7 ms, K = 4 43.4 ms; served K = 1 ran at K = 2's cost
+    step_s = {"0": {"1": 0.0298}, "2": {"1": 0.0437}, "4": {"1": 0.0434}}
+    assert schedule_choice.interpolated(step_s)["1"] == {"1": 0.0437}  # not 0.0367
+    rates = schedule_choice.predicted_rates(
+        schedule_choice.interpolated(step_s), [0.3198, 0.1319, 0.0611, 0.0335]
+    )
+    assert rates["1"]["1"] < rates["0"]["1"]  # 30.2 against 33.6: one draft no longer pays
+    # a drafting K whose line falls below K = 0 is held at K = 0's time
+    step_s = {"0": {"1": 0.030}, "2": {"1": 0.031}, "4": {"1": 0.040}}
+    assert schedule_choice.interpolated(step_s)["1"] == {"1": 0.030}
 
 
 def test_predicted_rates_are_batch_times_tau_over_step_time():

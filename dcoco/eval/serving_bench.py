@@ -61,32 +61,46 @@ class BenchServeConfig:
     warmup: bool = True  # one uncounted request before the first level
     out: str = ""  # output dir; empty = results/serve-<label>-<date>-<time>
     compare: tuple[str, ...] = ()  # bench_serve.json files: only tabulate and draw them, no load
+    # LABEL=URL,...: several servers loaded in turn at every level, instead of --url / --label,
+    # so that a shared machine's drift hits all alike; each into <out>/<label>/, summary.md in <out>
+    servers: tuple[str, ...] = ()
     plots: bool = True  # draw throughput_vs_concurrency.png (needs matplotlib)
 
 
 def run(config: BenchServeConfig) -> int:
     if config.compare:
-        files = [Path(p) for p in config.compare]
         out = Path(config.out or "results/serve-compare")
-        out.mkdir(parents=True, exist_ok=True)
-        results = [json.loads(f.read_text()) for f in files]
-        table = "\n\n".join(
-            [
-                "## Output tokens/s\n\n" + compare_table(results),
-                "## Against plain (same T, same level)\n\n" + ratio_table(results),
-                "## DCOCO's margin\n\n" + margin_table(results),
-                "## Latency per method\n\n" + "\n\n".join(map(console_table, results)),
-            ]
-        )
-        (out / COMPARE_FILE).write_text(table + "\n")
-        print(table)
-        print(plot_throughput(results, out / PLOT_FILE) or "matplotlib is not installed")
+        write_compare([json.loads(Path(p).read_text()) for p in config.compare], out)
+        return 0
+    if config.servers:
+        from dcoco.eval.serving_interleave import run_interleaved
+
+        results, out = run_interleaved(config)
+        for result in results:
+            write_run_record(out / slug(result["label"]), "bench-serve", config)
+        write_compare(results, out)
         return 0
     result, out = run_bench_serve(config)
     write_run_record(out, "bench-serve", config)
     print(console_table(result))
     print(f"results: {out}", file=sys.stderr)
     return 0
+
+
+def write_compare(results: list[dict], out: Path) -> None:
+    """summary.md (tokens/s, ratios to plain, DCOCO's margin, latency) and one figure in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    table = "\n\n".join(
+        [
+            "## Output tokens/s\n\n" + compare_table(results),
+            "## Against plain (same T, same level)\n\n" + ratio_table(results),
+            "## DCOCO's margin\n\n" + margin_table(results),
+            "## Latency per method\n\n" + "\n\n".join(map(console_table, results)),
+        ]
+    )
+    (out / COMPARE_FILE).write_text(table + "\n")
+    print(table)
+    print(plot_throughput(results, out / PLOT_FILE) or "matplotlib is not installed")
 
 
 # --- HTTP ----------------------------------------------------------------------------------
@@ -167,6 +181,28 @@ def run_level(
 
 
 def run_bench_serve(config: BenchServeConfig) -> tuple[dict, Path]:
+    texts, prompts = checked_texts(config)
+    base = config.url.rstrip("/")
+    model = config.model or reachable_model(base)
+    label = config.label or model
+    out = Path(config.out or time.strftime(f"results/serve-{slug(label)}-%Y%m%d-%H%M%S"))
+    out.mkdir(parents=True, exist_ok=True)
+    if config.warmup:
+        chat_request(base, model, texts[0], min(16, config.max_tokens), 0.0, config.timeout_s)
+    result = new_result(label, base, model, config, prompts)
+    for temperature in config.temperatures:
+        for concurrency in config.concurrency:
+            level = measure_level(base, model, texts, concurrency, temperature, config)
+            result["levels"].append(level)
+            print(level_line(label, level), file=sys.stderr)
+            (out / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n")
+    if config.plots:
+        plot_throughput([result], out / PLOT_FILE)
+    return result, out
+
+
+def checked_texts(config: BenchServeConfig) -> tuple[list[str], list]:
+    """(first turns, prompts) of the chosen suites, after checking the load's settings."""
     levels, temperatures = list(config.concurrency), list(config.temperatures)
     if not levels or min(levels) < 1:
         raise DcocoError("--concurrency needs integers >= 1")
@@ -177,47 +213,44 @@ def run_bench_serve(config: BenchServeConfig) -> tuple[dict, Path]:
     prompts = load_prompts(config.data_dir, config.prompts, config.suites, config.limit)
     if not prompts:
         raise DcocoError("no prompts to send: the chosen suites are empty")
-    texts = [prompt.turns[0] for prompt in prompts]
-    base = config.url.rstrip("/")
+    return [prompt.turns[0] for prompt in prompts], prompts
+
+
+def reachable_model(base: str) -> str:
     try:
-        model = config.model or served_model(base)
+        return served_model(base)
     except (urllib.error.URLError, OSError) as error:
         raise DcocoError(f"no server at {base} ({error}): start one with `dcoco serve`") from error
-    label = config.label or model
-    out = Path(config.out or time.strftime(f"results/serve-{_slug(label)}-%Y%m%d-%H%M%S"))
-    out.mkdir(parents=True, exist_ok=True)
-    if config.warmup:
-        chat_request(base, model, texts[0], min(16, config.max_tokens), 0.0, config.timeout_s)
 
-    result = {
+
+def new_result(label: str, base: str, model: str, config: BenchServeConfig, prompts) -> dict:
+    return {
         "label": label,
         "url": base,
         "model": model,
         "config": portable_record(asdict(config)),
-        "num_prompts": len(texts),
+        "num_prompts": len(prompts),
         "suites": sorted({prompt.suite for prompt in prompts}),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "levels": [],
     }
-    for temperature in temperatures:
-        for concurrency in levels:
-            before = _counters(base)
-            # enough requests that every stream stays busy: prompts are cycled to fill the level
-            count = max(len(texts), config.rounds * concurrency)
-            batch = [texts[i % len(texts)] for i in range(count)]
-            records, wall = run_level(
-                base, model, batch, concurrency, config.max_tokens, temperature, config.timeout_s
-            )
-            after = _counters(base)
-            level = {"temperature": temperature, "concurrency": concurrency}
-            level |= aggregate(records, wall)
-            level["spec"] = spec_delta(before, after) if before and after else None
-            result["levels"].append(level)
-            print(level_line(label, level), file=sys.stderr)
-            (out / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n")
-    if config.plots:
-        plot_throughput([result], out / PLOT_FILE)
-    return result, out
+
+
+def measure_level(
+    base: str, model: str, texts: list[str], concurrency: int, temperature: float, config
+) -> dict:
+    """One level against one server: its aggregates and the acceptance counters' deltas."""
+    before = _counters(base)
+    # enough requests that every stream stays busy: prompts are cycled to fill the level
+    count = max(len(texts), config.rounds * concurrency)
+    batch = [texts[i % len(texts)] for i in range(count)]
+    records, wall = run_level(
+        base, model, batch, concurrency, config.max_tokens, temperature, config.timeout_s
+    )
+    after = _counters(base)
+    level = {"temperature": temperature, "concurrency": concurrency} | aggregate(records, wall)
+    level["spec"] = spec_delta(before, after) if before and after else None
+    return level
 
 
 def _counters(base: str) -> dict | None:
@@ -227,7 +260,7 @@ def _counters(base: str) -> dict | None:
         return None
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "server"
 
 

@@ -92,17 +92,23 @@ def compare_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _method(label: str) -> str:
-    """`dcoco@dcoco-joint-12k` -> `dcoco`: a label's method, its checkpoint left off."""
-    return label.split("@")[0].split(":")[0]
+def _row(label: str) -> str:
+    """`dcoco:greedy/4@dcoco-joint-12k` -> `dcoco:greedy/4`: a label's method and selection rule,
+    its checkpoint left off (two rules of one method are two rows)."""
+    return label.split("@")[0]
+
+
+def _method(row: str) -> str:
+    """`dcoco:greedy/4` -> `dcoco`."""
+    return row.split(":")[0]
 
 
 def _rates(results: list[dict]) -> dict[tuple[str, float], dict[int, float]]:
-    """(method, temperature) -> {concurrency: output tok/s}."""
+    """(row, temperature) -> {concurrency: output tok/s}."""
     rates: dict[tuple[str, float], dict[int, float]] = {}
     for result in results:
         for level in result["levels"]:
-            key = (_method(result["label"]), level["temperature"])
+            key = (_row(result["label"]), level["temperature"])
             rates.setdefault(key, {})[level["concurrency"]] = level["output_tok_s"]
     return rates
 
@@ -128,17 +134,17 @@ def ratio_table(results: list[dict], baseline: str = "plain") -> str:
 def margin_table(
     results: list[dict], method: str = "dcoco", heads: tuple[str, ...] = ("dspark", "domino")
 ) -> str:
-    """Markdown: `method`'s tok/s over dflash's and over the best sequential head's, per level
-    (the paper's figure as numbers)."""
+    """Markdown: the tok/s of `method` (each of its rules a row of its own) over dflash's and
+    over the best sequential head's, per level (the paper's figure as numbers)."""
     rates = _rates(results)
-    temperatures = sorted({t for m, t in rates if m == method})
-    levels = sorted({c for (m, _), by_level in rates.items() if m == method for c in by_level})
+    ours_rows = [(row, t) for row, t in rates if _method(row) == method]
+    levels = sorted({c for key in ours_rows for c in rates[key]})
     lines = [
         f"| {method} over | T | {' | '.join(f'c={c}' for c in levels)} |",
         "|---|--:|" + "--:|" * len(levels),
     ]
-    for temperature in temperatures:
-        ours = rates[(method, temperature)]
+    for row, temperature in sorted(ours_rows, key=lambda key: (key[1], key[0] != method, key[0])):
+        ours = rates[(row, temperature)]
         best_head = {
             c: max((rates.get((h, temperature), {}).get(c, 0.0) for h in heads), default=0.0)
             for c in levels
@@ -146,5 +152,6 @@ def margin_table(
         for name, other in (("dflash", rates.get(("dflash", temperature), {})),
                             ("best sequential head", best_head)):  # fmt: skip
             cells = [f"{ours[c] / other[c]:.2f}×" if other.get(c) else "-" for c in levels]
-            lines.append(f"| {name} | {temperature:g} | {' | '.join(cells)} |")
+            shown = name if row == method else f"{name} (`{row}`)"
+            lines.append(f"| {shown} | {temperature:g} | {' | '.join(cells)} |")
     return "\n".join(lines)

@@ -70,11 +70,9 @@ def measured(python: str, probe: dict, key: dict, threads: int) -> tuple[str, di
     path = cache_dir() / "serve-schedules" / f"{digest}.json"
     if path.is_file():
         try:
-            record = json.loads(path.read_text())
-            parse_pair(record["schedule"], OPEN_END)  # a damaged record is measured again
-            return record["schedule"], record
+            return _chosen_again(path, json.loads(path.read_text()))
         except (ValueError, KeyError, TypeError, DcocoError):
-            pass  # measured again below
+            pass  # a damaged record is measured again below
     print("dcoco: measuring the draft schedule (once per machine and method)", file=sys.stderr)
     summary = _run_probe(python, _probe_request(probe), threads)
     schedule, rates = schedule_from(summary)
@@ -89,6 +87,18 @@ def measured(python: str, probe: dict, key: dict, threads: int) -> tuple[str, di
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1))
+    return schedule, record
+
+
+def _chosen_again(path: Path, record: dict) -> tuple[str, dict]:
+    """A cached record's schedule chosen again from its measurements, so that a change in how
+    schedules are chosen (dcoco.serving.schedule_choice) reaches cached machines without
+    re-running the probe; the record is rewritten when the choice moved."""
+    schedule, rates = schedule_from(record)
+    parse_pair(schedule, OPEN_END)
+    if (schedule, rates) != (record["schedule"], record["tokens_per_s"]):
+        record = {**record, "schedule": schedule, "tokens_per_s": rates}
+        path.write_text(json.dumps(record, indent=1))
     return schedule, record
 
 

