@@ -8,7 +8,9 @@ sent once by `concurrency` worker threads (closed loop). Output tokens are the s
 `usage.completion_tokens`; τ and per-position acceptance come from deltas of vLLM's Prometheus
 counters on `/metrics` around the level (τ = 1 + Δaccepted / Δdrafts, the bonus token included).
 Writes `<out>/bench_serve.json` and `<out>/throughput_vs_concurrency.png`; `--compare a.json,b.json`
-only tabulates (summary.md) and draws several runs (one line per label and temperature).
+only tabulates (summary.md) and draws several runs (one line per label and temperature);
+`--servers LABEL=URL,...` loads several running servers in turn at every level, each into
+`<out>/<label>/`, and tabulates them (dcoco.eval.serving_interleave says why).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from dcoco.eval.serving_bench_report import (
     plot_throughput,
     ratio_table,
 )
+from dcoco.eval.serving_interleave import parse_servers, turn_order
 from dcoco.eval.serving_metrics import aggregate, spec_counters, spec_delta
 from dcoco.eval.suites import load_prompts
 from dcoco.paths import portable_record
@@ -61,9 +64,7 @@ class BenchServeConfig:
     warmup: bool = True  # one uncounted request before the first level
     out: str = ""  # output dir; empty = results/serve-<label>-<date>-<time>
     compare: tuple[str, ...] = ()  # bench_serve.json files: only tabulate and draw them, no load
-    # LABEL=URL,...: several servers loaded in turn at every level, instead of --url / --label,
-    # so that a shared machine's drift hits all alike; each into <out>/<label>/, summary.md in <out>
-    servers: tuple[str, ...] = ()
+    servers: tuple[str, ...] = ()  # LABEL=URL,...: load these in turn per level (not --url)
     plots: bool = True  # draw throughput_vs_concurrency.png (needs matplotlib)
 
 
@@ -73,8 +74,6 @@ def run(config: BenchServeConfig) -> int:
         write_compare([json.loads(Path(p).read_text()) for p in config.compare], out)
         return 0
     if config.servers:
-        from dcoco.eval.serving_interleave import run_interleaved
-
         results, out = run_interleaved(config)
         for result in results:
             write_run_record(out / slug(result["label"]), "bench-serve", config)
@@ -199,6 +198,28 @@ def run_bench_serve(config: BenchServeConfig) -> tuple[dict, Path]:
     if config.plots:
         plot_throughput([result], out / PLOT_FILE)
     return result, out
+
+
+def run_interleaved(config: BenchServeConfig) -> tuple[list[dict], Path]:
+    """(every server's result in the one-server layout, out dir) of `--servers`, each level run
+    by every server in turn (dcoco.eval.serving_interleave)."""
+    texts, prompts = checked_texts(config)
+    servers = [(name, url, reachable_model(url)) for name, url in parse_servers(config.servers)]
+    out = Path(config.out or time.strftime("results/serve-interleaved-%Y%m%d-%H%M%S"))
+    results = {name: new_result(name, url, model, config, prompts) for name, url, model in servers}
+    for label, base, model in servers:
+        (out / slug(label)).mkdir(parents=True, exist_ok=True)
+        if config.warmup:
+            chat_request(base, model, texts[0], min(16, config.max_tokens), 0.0, config.timeout_s)
+    levels = [(t, c) for t in config.temperatures for c in config.concurrency]
+    for index, (temperature, concurrency) in enumerate(levels):
+        for label, base, model in turn_order(servers, index):
+            level = measure_level(base, model, texts, concurrency, temperature, config)
+            results[label]["levels"].append(level)
+            print(level_line(label, level), file=sys.stderr)
+            path = out / slug(label) / RESULT_FILE
+            path.write_text(json.dumps(results[label], indent=2) + "\n")
+    return [results[label] for label, _, _ in servers], out
 
 
 def checked_texts(config: BenchServeConfig) -> tuple[list[str], list]:
