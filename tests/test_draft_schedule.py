@@ -131,17 +131,25 @@ def _summary(rates: dict, acceptance: dict) -> dict:
     return {"vllm": "0.32.0", "rates": rates, "step_s": step_s, "acceptance": acceptance}
 
 
-def test_measured_schedule_is_cached(tmp_path, monkeypatch):
+def _fake_probe(monkeypatch, tmp_path, rates: dict, acceptance: dict) -> list[dict]:
+    """A cache under tmp_path and a probe that answers `_summary(rates, acceptance)`; returns the
+    list of requests it was sent."""
     monkeypatch.setenv("DCOCO_CACHE_DIR", str(tmp_path))
-    calls = []
+    calls: list[dict] = []
 
     def fake_probe(python, request, threads):
         calls.append(request)
-        greedy = {"0": {"1": 30.0, "2": 60.0, "4": 100.0}, "3": {"1": 60.0, "2": 55.0, "4": 50.0}}
-        sampled = {"0": {"1": 30.0, "2": 60.0}, "1": {"1": 40.0, "2": 50.0}}
-        return _summary({"0": greedy, "1": sampled}, {"0": [0.5, 0.3, 0.2], "1": [0.6, 0.2]})
+        return _summary(rates, acceptance)
 
     monkeypatch.setattr(auto_schedule, "_run_probe", fake_probe)
+    return calls
+
+
+def test_measured_schedule_is_cached(tmp_path, monkeypatch):
+    greedy = {"0": {"1": 30.0, "2": 60.0, "4": 100.0}, "3": {"1": 60.0, "2": 55.0, "4": 50.0}}
+    sampled = {"0": {"1": 30.0, "2": 60.0}, "1": {"1": 40.0, "2": 50.0}}
+    acceptance = {"0": [0.5, 0.3, 0.2], "1": [0.6, 0.2]}
+    calls = _fake_probe(monkeypatch, tmp_path, {"0": greedy, "1": sampled}, acceptance)
     probe = {"speculative": {"method": "dflash", "num_speculative_tokens": 3}}
     first, record = auto_schedule.measured("python", probe, {"machine": "m"}, threads=2)
     again, _ = auto_schedule.measured("python", probe, {"machine": "m"}, threads=2)
@@ -159,15 +167,8 @@ def test_measured_schedule_is_cached(tmp_path, monkeypatch):
 
 
 def test_a_cached_record_is_chosen_again_from_its_measurements(tmp_path, monkeypatch):
-    monkeypatch.setenv("DCOCO_CACHE_DIR", str(tmp_path))
-    calls = []
-
-    def fake_probe(python, request, threads):
-        calls.append(request)
-        rates = {"0": {"0": {"1": 30.0}, "2": {"1": 60.0}}, "1": {"0": {"1": 30.0}}}
-        return _summary(rates, {"0": [0.6, 0.3], "1": [0.1]})
-
-    monkeypatch.setattr(auto_schedule, "_run_probe", fake_probe)
+    rates = {"0": {"0": {"1": 30.0}, "2": {"1": 60.0}}, "1": {"0": {"1": 30.0}}}
+    calls = _fake_probe(monkeypatch, tmp_path, rates, {"0": [0.6, 0.3], "1": [0.1]})
     probe = {"speculative": {"method": "dflash", "num_speculative_tokens": 2}}
     first, _ = auto_schedule.measured("python", probe, {"machine": "m"}, threads=2)
     path = next((tmp_path / "serve-schedules").glob("*.json"))
@@ -179,15 +180,8 @@ def test_a_cached_record_is_chosen_again_from_its_measurements(tmp_path, monkeyp
 
 
 def test_schedule_prompts_replace_the_probes_and_key_the_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DCOCO_CACHE_DIR", str(tmp_path))
-    requests = []
-
-    def fake_probe(python, request, threads):
-        requests.append(request)
-        rates = {"0": {"0": {"1": 30.0}, "1": {"1": 40.0}}, "1": {"0": {"1": 30.0}}}
-        return _summary(rates, {"0": [0.6], "1": [0.1]})
-
-    monkeypatch.setattr(auto_schedule, "_run_probe", fake_probe)
+    rates = {"0": {"0": {"1": 30.0}, "1": {"1": 40.0}}, "1": {"0": {"1": 30.0}}}
+    requests = _fake_probe(monkeypatch, tmp_path, rates, {"0": [0.6], "1": [0.1]})
     traffic = tmp_path / "traffic.jsonl"
     record = {"category": "chat", "turns": ["Plan a picnic.", "And if it rains?"]}
     traffic.write_text(json.dumps(record) + "\n")

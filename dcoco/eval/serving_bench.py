@@ -180,21 +180,12 @@ def run_level(
 
 
 def run_bench_serve(config: BenchServeConfig) -> tuple[dict, Path]:
-    texts, prompts = checked_texts(config)
+    loads = checked_texts(config)
     base = config.url.rstrip("/")
     model = config.model or reachable_model(base)
     label = config.label or model
     out = Path(config.out or time.strftime(f"results/serve-{slug(label)}-%Y%m%d-%H%M%S"))
-    out.mkdir(parents=True, exist_ok=True)
-    if config.warmup:
-        chat_request(base, model, texts[0], min(16, config.max_tokens), 0.0, config.timeout_s)
-    result = new_result(label, base, model, config, prompts)
-    for temperature in config.temperatures:
-        for concurrency in config.concurrency:
-            level = measure_level(base, model, texts, concurrency, temperature, config)
-            result["levels"].append(level)
-            print(level_line(label, level), file=sys.stderr)
-            (out / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n")
+    [result] = load_servers([(label, base, model)], config, loads, {label: out})
     if config.plots:
         plot_throughput([result], out / PLOT_FILE)
     return result, out
@@ -203,12 +194,20 @@ def run_bench_serve(config: BenchServeConfig) -> tuple[dict, Path]:
 def run_interleaved(config: BenchServeConfig) -> tuple[list[dict], Path]:
     """(every server's result in the one-server layout, out dir) of `--servers`, each level run
     by every server in turn (dcoco.eval.serving_interleave)."""
-    texts, prompts = checked_texts(config)
+    loads = checked_texts(config)
     servers = [(name, url, reachable_model(url)) for name, url in parse_servers(config.servers)]
     out = Path(config.out or time.strftime("results/serve-interleaved-%Y%m%d-%H%M%S"))
+    dirs = {name: out / slug(name) for name, _, _ in servers}
+    return load_servers(servers, config, loads, dirs), out
+
+
+def load_servers(servers: list, config, loads: tuple, dirs: dict[str, Path]) -> list[dict]:
+    """Every (label, url, model) server's result over `loads` (checked_texts), each level run by
+    every server in turn (turn_order), each result rewritten into its dir after every level."""
+    texts, prompts = loads
     results = {name: new_result(name, url, model, config, prompts) for name, url, model in servers}
     for label, base, model in servers:
-        (out / slug(label)).mkdir(parents=True, exist_ok=True)
+        dirs[label].mkdir(parents=True, exist_ok=True)
         if config.warmup:
             chat_request(base, model, texts[0], min(16, config.max_tokens), 0.0, config.timeout_s)
     levels = [(t, c) for t in config.temperatures for c in config.concurrency]
@@ -217,9 +216,8 @@ def run_interleaved(config: BenchServeConfig) -> tuple[list[dict], Path]:
             level = measure_level(base, model, texts, concurrency, temperature, config)
             results[label]["levels"].append(level)
             print(level_line(label, level), file=sys.stderr)
-            path = out / slug(label) / RESULT_FILE
-            path.write_text(json.dumps(results[label], indent=2) + "\n")
-    return [results[label] for label, _, _ in servers], out
+            (dirs[label] / RESULT_FILE).write_text(json.dumps(results[label], indent=2) + "\n")
+    return [results[label] for label, _, _ in servers]
 
 
 def checked_texts(config: BenchServeConfig) -> tuple[list[str], list]:
