@@ -71,13 +71,17 @@ class Int4GroupLinear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach().to(torch.bfloat16))
 
     def forward(self, x: Tensor) -> Tensor:  # [..., in] -> [..., out]
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        out = torch._weight_int4pack_mm_for_cpu(
-            rows, self.weight_int4, GROUP, self.scales_and_zeros
-        )
+        out = int4_rows(x.reshape(-1, self.in_features), self.weight_int4, self.scales_and_zeros)
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def int4_rows(rows: Tensor, weight_int4: Tensor, scales_and_zeros: Tensor) -> Tensor:
+    """rows [n, in] times an Int4GroupLinear's packed weight: [n, out] bf16."""
+    return torch._weight_int4pack_mm_for_cpu(
+        rows.to(torch.bfloat16), weight_int4, GROUP, scales_and_zeros
+    )
 
 
 def load_gguf_linears(model: nn.Module, gguf_path: Path) -> dict[str, int]:

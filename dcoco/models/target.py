@@ -18,6 +18,7 @@ from dcoco.contracts import TargetOutput
 from dcoco.errors import DcocoError
 from dcoco.models.cache import new_cache
 from dcoco.models.head_precision import Fp32Head
+from dcoco.models.layer_loop import layer_loop_for
 from dcoco.models.precision import LOAD_DTYPES
 
 
@@ -58,6 +59,9 @@ class TargetModel:
         self.layers: nn.ModuleList = model.model.layers
         self.embed_tokens: nn.Embedding = model.get_input_embeddings()
         self.lm_head: nn.Linear = model.get_output_embeddings()
+        # decoding steps and verifies run through our own pass over the same modules (bit-equal,
+        # without transformers' per-call machinery); None: every call takes the model's forward
+        self.layer_loop = layer_loop_for(model)
         self.max_context = int(getattr(self.config, "max_position_embeddings", 2048))
         self.stop_ids = self._stop_ids()
         self.info = TargetInfo(
@@ -107,6 +111,22 @@ class TargetModel:
                 raise DcocoError(
                     f"layer tap {layer} does not exist: the target has {len(self.layers)} layers"
                 )
+        if self.layer_loop is not None and self.layer_loop.takes(input_ids, cache, attention_mask):
+            hidden, captured = self.layer_loop.forward(input_ids, cache, feature_layers)
+        else:
+            hidden, captured = self._model_forward(input_ids, cache, feature_layers, attention_mask)
+        if last_logits_only:
+            hidden = hidden[:, -1:]
+        logits = self.lm_head(hidden) if with_logits else None
+        features = (
+            torch.cat([captured[layer] for layer in feature_layers], dim=-1)
+            if feature_layers
+            else None
+        )
+        return TargetOutput(logits=logits, features=features)
+
+    def _model_forward(self, input_ids, cache, feature_layers, attention_mask):
+        """The model's own forward: its last hidden state and the tapped layers' outputs."""
         captured: dict[int, Tensor] = {}
         hooks = [
             self.layers[layer].register_forward_hook(_capture_into(captured, layer))
@@ -122,16 +142,7 @@ class TargetModel:
         finally:
             for hook in hooks:
                 hook.remove()
-        hidden = outputs.last_hidden_state  # [batch, tokens, hidden]
-        if last_logits_only:
-            hidden = hidden[:, -1:]
-        logits = self.lm_head(hidden) if with_logits else None
-        features = (
-            torch.cat([captured[layer] for layer in feature_layers], dim=-1)
-            if feature_layers
-            else None
-        )
-        return TargetOutput(logits=logits, features=features)
+        return outputs.last_hidden_state, captured  # [batch, tokens, hidden]
 
     # --- tokenizer side -------------------------------------------------------------------
 

@@ -2,11 +2,12 @@
 
 A gguf step spends about half its time outside the int4 products, the head and attention: some
 1,650 small aten ops (norms, rotary, SiLU-and-multiply, views) and their dispatch. This times a
-step and a 4-token verify three ways, interleaved call after call on one context:
+step and a 4-token verify four ways, interleaved call after call on one context:
 
-- `hf`: the target's own forward (what the engine runs today);
-- `loop`: our layer loop over the same weights (norm, q/k/v, rotary / cache, attention / o, norm,
-  MLP), eager;
+- `hf`: transformers' forward (what the engine ran before dcoco.models.layer_loop);
+- `engine`: the target's forward as the engine runs it (dcoco.models.layer_loop);
+- `loop`: a layer loop over the same weights calling the kernels directly (norm, q/k/v,
+  rotary / cache, attention / o, norm, MLP), eager;
 - `compiled`: the same loop with the parts between attention calls compiled by inductor
   (dynamic row count; the cache update and attention stay eager).
 
@@ -19,6 +20,8 @@ it took 13-14 ms the day before), context 300 / 1,000: `loop` 1.37× / 1.31× HF
 and 1.31× / 1.28× at 4, logits bit-equal to HF's and verify rows equal to steps; `compiled` 1.04×
 / 1.02× (the guards and graph calls eat what fusion saves) with logits up to 0.625 away from HF's
 (argmax equal). So the cost to cut is the model's per-call machinery, not the kernels' count.
+With the engine's loop in place (same VM, later): `engine` 1.30x / 1.25x HF's speed at 1 / 4 tokens,
+`loop` 1.34x / 1.27x.
 
 Usage: .venv/bin/python scripts/reproduce/fused_step.py [CONTEXT]   (default 300)
 """
@@ -132,8 +135,18 @@ def main(context: int) -> None:
     target = load_target(TARGET, "gguf", attention="rowwise", matmul="auto")
     ids = torch.randint(0, target.info.vocab_size, (1, context + VERIFY))
     eager, fused = LayerLoop(target, False), LayerLoop(target, True)
+    engine_loop = target.layer_loop
+
+    def through(loop):  # the target's forward, through `loop` (None: transformers' forward)
+        def forward(block, cache):
+            target.layer_loop = loop
+            return target.forward(block, cache).logits
+
+        return forward
+
     forwards = {
-        "hf": lambda block, cache: target.forward(block, cache).logits,
+        "hf": through(None),
+        "engine": through(engine_loop),
         "loop": eager.forward,
         "compiled": fused.forward,
     }

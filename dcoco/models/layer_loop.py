@@ -1,0 +1,166 @@
+"""The decoding step's own pass through the target's decoder layers.
+
+A batch-1 step on a small model spends a large share of its time in transformers' per-call
+machinery around the arithmetic: the mask builder, output records, keyword plumbing and the
+decorators of every layer. This loop calls the same modules in the same order (norms, q/k/v,
+rotary, cache update, the configured attention function, o, MLP) and nothing else, so its logits
+are bit-equal to the model's own forward (tests/test_layer_loop.py) at every precision: the
+linear layers are whatever the model holds (bf16, int8, gguf's int4, packed oneDNN).
+
+It takes only the calls whose attention needs no mask: one sequence, no padding, after a prefill
+(cache length > 0), with the `rowwise` kernel (every row runs unmasked over its causal prefix) for
+up to MAX_ROWWISE_QUERIES tokens, or SDPA for a single token. Prefills, batches and other
+architectures take the model's forward. Measured with scripts/reproduce/fused_step.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from transformers import DynamicCache
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from dcoco.models.gguf_weights import Int4GroupLinear, int4_rows
+from dcoco.models.rowwise_attention import MAX_ROWWISE_QUERIES, ROWWISE
+from dcoco.models.shared_input import OutputSlice
+
+# decoder layers whose forward is exactly: norm, attention (q/k/v, Qwen3's per-head q/k norms,
+# rotary, cache, attention, o), residual, norm, MLP (down(act(gate) * up)), residual
+LAYER_KINDS = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer")
+LOOP_ATTENTIONS = (ROWWISE, "sdpa")
+
+
+def layer_loop_for(model: nn.Module) -> LayerLoop | None:
+    """A LayerLoop over `model` (a causal LM) when its layers are of a kind the loop reproduces
+    and attend to every position, else None (the model's own forward serves every call)."""
+    config = model.config
+    body = getattr(model, "model", None)
+    layers = getattr(body, "layers", None)
+    if layers is None or any(type(layer).__name__ not in LAYER_KINDS for layer in layers):
+        return None
+    if getattr(config, "_attn_implementation", None) not in LOOP_ATTENTIONS:
+        return None
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return None
+    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
+        return None
+    return LayerLoop(body, config._attn_implementation)
+
+
+class LayerLoop:
+    """The decoder stack of `body` (a LlamaModel-like module) for mask-free decoding calls.
+
+    Hidden states run as rows [tokens, hidden] (the batch is one sequence); submodules are called
+    through their `forward` (not `__call__`: a step makes some 400 such calls, and the hooks
+    `__call__` checks for are never set on them), gguf's int4 layers as their kernel, and layers
+    that share an input as one product (dcoco.models.shared_input) run that product once."""
+
+    def __init__(self, body: nn.Module, attention: str):
+        self.body = body
+        self.attention = attention
+        self.attend = ALL_ATTENTION_FUNCTIONS[attention]
+        self.layers = [_LayerCalls.of(layer) for layer in body.layers]
+
+    def takes(self, input_ids: Tensor, cache: DynamicCache | None, attention_mask) -> bool:
+        """Whether this call is one the loop computes exactly as the model's forward."""
+        if cache is None or attention_mask is not None or input_ids.shape[0] != 1:
+            return False
+        if cache.get_seq_length() == 0:
+            return False
+        limit = MAX_ROWWISE_QUERIES if self.attention == ROWWISE else 1
+        return input_ids.shape[1] <= limit
+
+    def forward(
+        self,
+        input_ids: Tensor,  # [1, tokens]
+        cache: DynamicCache,
+        taps: tuple[int, ...] = (),
+    ) -> tuple[Tensor, dict[int, Tensor]]:
+        """The final norm's output [1, tokens, hidden] and each tapped layer's output."""
+        past = cache.get_seq_length()
+        hidden = self.body.embed_tokens.forward(input_ids[0])  # [tokens, hidden]
+        positions = torch.arange(past, past + input_ids.shape[1], device=hidden.device)[None]
+        rotary = self.body.rotary_emb.forward(hidden, positions)  # cos, sin [1, tokens, head_dim]
+        captured: dict[int, Tensor] = {}
+        for index, calls in enumerate(self.layers):
+            hidden = hidden + self._attention(calls, calls.norm_in(hidden), rotary, cache)
+            gate, up = calls.gate_up(calls.norm_post(hidden))
+            hidden = hidden + calls.down(calls.act(gate) * up)
+            if index in taps:
+                captured[index] = hidden[None]
+        return self.body.norm.forward(hidden)[None], captured
+
+    def _attention(self, calls: _LayerCalls, hidden: Tensor, rotary, cache) -> Tensor:
+        """LlamaAttention's arithmetic: [tokens, hidden] -> [tokens, hidden]."""
+        attn = calls.attn
+        shape = (1, hidden.shape[0], -1, attn.head_dim)  # [1, tokens, heads, head_dim]
+        query, key, value = (part.view(shape) for part in calls.qkv(hidden))
+        query = calls.q_norm(query).transpose(1, 2)  # [1, heads, tokens, head_dim]
+        key, value = calls.k_norm(key).transpose(1, 2), value.transpose(1, 2)
+        query, key = apply_rotary_pos_emb(query, key, *rotary)
+        key, value = cache.update(key, value, attn.layer_idx)
+        out, _ = self.attend(attn, query, key, value, None, dropout=0.0, scaling=attn.scaling)
+        return calls.o(out.reshape(hidden.shape[0], -1).contiguous())
+
+
+@dataclass(frozen=True)
+class _LayerCalls:
+    """One decoder layer's submodules as the calls the loop makes."""
+
+    attn: nn.Module
+    norm_in: Callable[[Tensor], Tensor]
+    qkv: Callable[[Tensor], tuple[Tensor, ...]]
+    q_norm: Callable[[Tensor], Tensor]  # per head (Qwen3), else the identity
+    k_norm: Callable[[Tensor], Tensor]
+    o: Callable[[Tensor], Tensor]
+    norm_post: Callable[[Tensor], Tensor]
+    gate_up: Callable[[Tensor], tuple[Tensor, ...]]
+    act: Callable[[Tensor], Tensor]
+    down: Callable[[Tensor], Tensor]
+
+    @staticmethod
+    def of(layer: nn.Module) -> _LayerCalls:
+        attn, mlp = layer.self_attn, layer.mlp
+        return _LayerCalls(
+            attn=attn,
+            norm_in=layer.input_layernorm.forward,
+            qkv=_one_input((attn.q_proj, attn.k_proj, attn.v_proj)),
+            q_norm=_forward_or_identity(getattr(attn, "q_norm", None)),
+            k_norm=_forward_or_identity(getattr(attn, "k_norm", None)),
+            o=_rows(attn.o_proj),
+            norm_post=layer.post_attention_layernorm.forward,
+            gate_up=_one_input((mlp.gate_proj, mlp.up_proj)),
+            act=mlp.act_fn.forward,
+            down=_rows(mlp.down_proj),
+        )
+
+
+def _one_input(modules: tuple[nn.Module, ...]) -> Callable[[Tensor], tuple[Tensor, ...]]:
+    """The outputs of `modules` over one input: one product split by columns where they are the
+    slices, in order, of one SharedProduct; else one call each."""
+    products = {id(m.product) for m in modules if isinstance(m, OutputSlice)}
+    if len(products) == 1 and all(isinstance(m, OutputSlice) for m in modules):
+        product = modules[0].product
+        if product.parts == len(modules) and [m.part for m in modules] == list(range(len(modules))):
+            widths = [m.out_features for m in modules]
+            call = _rows(product.linear)
+            return lambda x: call(x).split(widths, dim=-1)
+    calls = [_rows(m) for m in modules]
+    return lambda x: tuple(call(x) for call in calls)
+
+
+def _rows(module: nn.Module) -> Callable[[Tensor], Tensor]:
+    """`module`'s product over rows [tokens, in]: the int4 kernel itself for a bias-free
+    Int4GroupLinear (the step's most frequent call), else the module's forward."""
+    if isinstance(module, Int4GroupLinear) and module.bias is None:
+        weight, scales = module.weight_int4, module.scales_and_zeros
+        return lambda rows: int4_rows(rows, weight, scales)
+    return module.forward
+
+
+def _forward_or_identity(module: nn.Module | None) -> Callable[[Tensor], Tensor]:
+    return (lambda x: x) if module is None else module.forward
