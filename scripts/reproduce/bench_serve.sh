@@ -45,8 +45,8 @@ export LD_PRELOAD="${DCOCO_VLLM_VENV:-$PWD/.venv-vllm}/lib/libiomp5.so"
 INTERLEAVE=${INTERLEAVE:-0}
 bench=(--suites gsm8k,humaneval,mtbench --limit "$LIMIT" --max-tokens "$MAX_TOKENS"
   --concurrency "$CONC" --temperatures "$TEMPS" --rounds "$ROUNDS")
-start_server() {  # method port: a `dcoco serve` in the background, back once it is healthy
-  local method=$1 port=$2 name=${1//[@:\/]/-} extra=()
+start_server() {  # method port [name]: a `dcoco serve` in the background, back once healthy
+  local method=$1 port=$2 name=${3:-${1//[@:\/]/-}} extra=()
   case $method in
     plain) ;;
     ngram) extra=(--draft-schedule fixed) ;;
@@ -72,8 +72,12 @@ if [ "$INTERLEAVE" = 1 ]; then
   pairs=()
   port=$PORT
   for method in $METHODS; do
-    start_server "$method" "$port"
-    pairs+=("$method=http://127.0.0.1:$port")
+    # a method listed twice gets a second label (plain~2, dcoco~2@ckpt): the start order's own
+    # effect is then measurable
+    base=${method%%@*} label=$method
+    while [[ " ${pairs[*]} " == *" $label="* ]]; do base="$base~2" label=$base${method#"${method%%@*}"}; done
+    start_server "$method" "$port" "${label//[@:\/\~]/-}"
+    pairs+=("$label=http://127.0.0.1:$port")
     port=$((port + 1))
   done
   LD_PRELOAD= .venv/bin/dcoco bench-serve --servers "$(IFS=,; echo "${pairs[*]}")" "${bench[@]}" \
