@@ -208,7 +208,10 @@ def test_profile_prints_curves_and_method_costs(tmp_path, monkeypatch, capsys):
     assert list(costs["draft_ms"]) == ["1", "2", "3", "4"]
     assert all(ms > 0 for ms in costs["draft_ms"].values())
     assert 0 <= costs["auto_k"] <= 4
-    assert f"dflash@{tmp_path / 'drafter'}" in report["auto_why"]  # what auto's rate came from
+    why = report["auto_why"]  # what auto's rate came from, per precision
+    assert all(dtype in why for dtype in ("bf16", "gguf", "fp32"))
+    # the drafter, or no draft paying: a tiny target's step is so cheap that either can win
+    assert f"dflash@{tmp_path / 'drafter'}" in why or "(a plain step)" in why
     for costs in report["draft_ms_by_dtype"].values():  # the draft cost at every precision
         assert costs[f"dflash@{tmp_path / 'drafter'}"] > 0
 
