@@ -142,13 +142,13 @@ class _LayerCalls:
 def _one_input(modules: tuple[nn.Module, ...]) -> Callable[[Tensor], tuple[Tensor, ...]]:
     """The outputs of `modules` over one input: one product split by columns where they are the
     slices, in order, of one SharedProduct; else one call each."""
-    products = {id(m.product) for m in modules if isinstance(m, OutputSlice)}
-    if len(products) == 1 and all(isinstance(m, OutputSlice) for m in modules):
-        product = modules[0].product
-        if product.parts == len(modules) and [m.part for m in modules] == list(range(len(modules))):
-            widths = [m.out_features for m in modules]
-            call = _rows(product.linear)
-            return lambda x: call(x).split(widths, dim=-1)
+    product = getattr(modules[0], "product", None)
+    in_order = [isinstance(m, OutputSlice) and m.product is product and m.part == i
+                for i, m in enumerate(modules)]  # fmt: skip
+    if all(in_order) and product.parts == len(modules):
+        widths = [m.out_features for m in modules]
+        call = _rows(product.linear)
+        return lambda x: call(x).split(widths, dim=-1)
     calls = [_rows(m) for m in modules]
     return lambda x: tuple(call(x) for call in calls)
 

@@ -37,15 +37,11 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from dcoco.decode.cost_curve import interleaved_ms, machine_fingerprint
 from dcoco.models.cache import crop_cache, new_cache
-from dcoco.models.gguf_weights import GROUP
+from dcoco.models.gguf_weights import int4_rows
 from dcoco.models.loading import load_target
 from dcoco.models.rowwise_attention import rowwise_attention_forward
 
 TARGET, VERIFY, REPEATS = "smollm2-135m-instruct", 4, 30
-
-
-def int4_mm(rows, weight, scales):  # rows [n, in] -> [n, out]
-    return torch._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16), weight, GROUP, scales)
 
 
 def rms_norm(hidden, weight, eps: float):  # LlamaRMSNorm's arithmetic
@@ -58,7 +54,7 @@ def pre_attention(hidden, norm_w, qkv_w, qkv_s, cos, sin, eps: float, head_dim: 
     """[1, n, hidden] -> q [1, heads, n, d], k and v [1, kv_heads, n, d], rotated."""
     n = hidden.shape[1]
     h = rms_norm(hidden, norm_w, eps)
-    qkv = int4_mm(h.reshape(n, -1), qkv_w, qkv_s).view(1, n, -1, head_dim)
+    qkv = int4_rows(h.reshape(n, -1), qkv_w, qkv_s).view(1, n, -1, head_dim)
     kv_heads = (qkv.shape[2] - q_heads) // 2
     q, k, v = qkv.split([q_heads, kv_heads, kv_heads], dim=2)
     q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
@@ -68,10 +64,10 @@ def pre_attention(hidden, norm_w, qkv_w, qkv_s, cos, sin, eps: float, head_dim: 
 def post_attention(hidden, attn, o_w, o_s, norm_w, gu_w, gu_s, down_w, down_s, eps: float):
     """hidden [1, n, hidden] + attention out [1, n, heads, d] -> the layer's output."""
     n = hidden.shape[1]
-    hidden = hidden + int4_mm(attn.reshape(n, -1), o_w, o_s).view_as(hidden)
+    hidden = hidden + int4_rows(attn.reshape(n, -1), o_w, o_s).view_as(hidden)
     h = rms_norm(hidden, norm_w, eps).reshape(n, -1)
-    gate, up = int4_mm(h, gu_w, gu_s).chunk(2, dim=-1)
-    return hidden + int4_mm(F.silu(gate) * up, down_w, down_s).view_as(hidden)
+    gate, up = int4_rows(h, gu_w, gu_s).chunk(2, dim=-1)
+    return hidden + int4_rows(F.silu(gate) * up, down_w, down_s).view_as(hidden)
 
 
 class LayerLoop:
