@@ -199,6 +199,7 @@ def _choice_path(config, methods: list[str]) -> Path:
         "head_dtype": config.head_dtype,
         "methods": methods,
         "draft_dtype": config.draft_dtype,
+        "draft_vocab": config.draft_vocab,
         "kernels": KERNELS,
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]

@@ -39,12 +39,13 @@ class DFlashProposer:
         self.cache = self.drafter.new_cache()
 
     def propose(self, context: DraftContext) -> Proposal:
-        logits, _hidden = self.draft_block(context)  # [batch, slots, vocab]
-        return Proposal(draft_tokens=logits.argmax(dim=-1))
+        logits, _hidden = self.draft_block(context)  # [batch, slots, vocab or N columns]
+        return Proposal(draft_tokens=self.drafter.token_ids(logits.argmax(dim=-1)))
 
     def draft_block(self, context: DraftContext) -> tuple[Tensor, Tensor]:
-        """One drafter pass: logits [batch, slots, vocab] and hidden [batch, slots, hidden], cut
-        to the slots this cycle may propose."""
+        """One drafter pass: logits [batch, slots, vocab] (or the draft vocabulary's columns,
+        BlockDrafter.token_ids) and hidden [batch, slots, hidden], cut to the slots this cycle
+        may propose."""
         if context.new_features is None:
             raise ValueError(f"the {self.name} proposer needs the target's tapped features")
         limit = min(self.num_draft_tokens, context.max_slots)

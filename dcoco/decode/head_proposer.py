@@ -65,7 +65,9 @@ class HeadProposer(DFlashProposer):
         logits, hidden = self.draft_block(context)  # [batch, slots, vocab], [batch, slots, hidden]
         tick = time.perf_counter()
         anchor_ids = context.tokens[-1:].expand(logits.shape[0])  # [batch]
-        draft_tokens = select_draft(self.head, hidden, logits, anchor_ids, self.selection)
+        vocab = self.drafter.draft_vocab
+        columns = None if vocab is None else vocab.token_ids
+        draft_tokens = select_draft(self.head, hidden, logits, anchor_ids, self.selection, columns)
         if draft_tokens.is_cuda:
             torch.cuda.synchronize(draft_tokens.device)
         return Proposal(draft_tokens=draft_tokens, correct_s=time.perf_counter() - tick)

@@ -20,6 +20,7 @@ from dcoco.decode.draft_precision import load_proposer_drafter, pack_drafter
 from dcoco.decode.proposers import PromptLookupProposer, Proposer
 from dcoco.errors import DcocoError
 from dcoco.models.catalogue import default_checkpoint
+from dcoco.models.draft_vocab import RANKING_FILE, parse_draft_vocab, read_ranking
 from dcoco.models.drafter_io import CONFIG_FILE, read_drafter_config
 from dcoco.models.head_io import HEAD_KEY, head_kind_of
 from dcoco.models.selection import check_selection, split_selection
@@ -39,6 +40,7 @@ class MethodOptions:
     drafter: str = ""  # checkpoint dir for drafter methods whose spec names none
     selection: str = "greedy"  # dcoco's selection rule when the spec names none
     draft_dtype: str = "auto"  # the drafter's precision (dcoco.decode.draft_precision)
+    draft_vocab: str = "auto"  # the drafter's head rows (dcoco.models.draft_vocab)
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,19 @@ def _check_candidates(method: str, path: Path, selection: str) -> None:
         )
 
 
+def draft_vocab_ids(setting: str, target: TargetModel):
+    """The token ids [N] the drafter's head keeps under `--draft-vocab setting`, from the ranking
+    shipped beside the target's checkpoints; None for every row (`full`, a size covering the
+    vocab, or `auto` for a target that ships no ranking)."""
+    size = parse_draft_vocab(setting)
+    directory = checkpoints_dir() / target.name
+    if size is None or size >= target.info.vocab_size:
+        return None
+    if setting == "auto" and not (directory / RANKING_FILE).is_file():
+        return None
+    return read_ranking(directory, target.info.vocab_size)[:size]
+
+
 def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> Proposer | None:
     resolved = resolve_method(method, target, options)
     spec, path = resolved.spec, resolved.path
@@ -168,12 +183,14 @@ def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> 
     prior = stored_slot_accuracy(path)
     if spec.method in ("dflash", "pld-dflash"):
         drafter = pack_drafter(drafter, target)
+        drafter.use_draft_vocab(draft_vocab_ids(options.draft_vocab, target))
         proposer = DFlashProposer(
             drafter, num_draft_tokens=num_draft_tokens, acceptance_prior=prior
         )
         return proposer if spec.method == "dflash" else HybridProposer(proposer)
     head = load_head(path, target, drafter, drafter.dtype)
     drafter = pack_drafter(drafter, target)  # after the head, which may read its weights
+    drafter.use_draft_vocab(draft_vocab_ids(options.draft_vocab, target))
     return HeadProposer(
         drafter,
         head,

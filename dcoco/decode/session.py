@@ -14,6 +14,7 @@ from dcoco.decode.draft_precision import check_draft_dtype
 from dcoco.decode.engine import Engine
 from dcoco.decode.methods import MethodOptions, build_proposer
 from dcoco.errors import DcocoError
+from dcoco.models.draft_vocab import check_draft_vocab
 from dcoco.models.loading import DEFAULT_TARGET, load_target
 from dcoco.models.target import TargetModel
 
@@ -39,6 +40,7 @@ class DecodeConfig:
     selection: str = "greedy"  # dcoco's selection rule: greedy | keep1 | global | discounted | top1
     draft_dtype: str = "auto"  # drafter precision: auto (fp32 beside bf16 on AVX2) | target | fp32
     head_dtype: str = "auto"  # LM head precision: auto (measured with --dtype) | target | fp32
+    draft_vocab: str = "auto"  # drafter head rows: auto (16000 most frequent) | full | N
 
     def sampling(self, temperature: float = 0.0) -> SamplingParams:
         return SamplingParams(temperature=temperature, top_p=self.top_p, top_k=self.top_k)
@@ -50,6 +52,7 @@ class DecodeConfig:
             drafter=self.drafter,
             selection=self.selection,
             draft_dtype=check_draft_dtype(self.draft_dtype),  # bad input fails at once
+            draft_vocab=check_draft_vocab(self.draft_vocab),
         )
 
     def fixed_draft_tokens(self) -> int | None:

@@ -140,7 +140,10 @@ def _method_costs(target, curve: CostCurve, method: str) -> dict:
         proposer.acceptance_prior,
         draft_ms=float(draft_ms[most]) + float(correct_ms[most]),
     )
-    return {"draft_ms": draft_ms, "correct_ms": correct_ms, "auto_k": policy.choose()}
+    vocab = getattr(getattr(proposer, "drafter", None), "draft_vocab", None)
+    rows = vocab.size if vocab is not None else "all"  # the head rows a draft runs over
+    return {"draft_ms": draft_ms, "correct_ms": correct_ms, "auto_k": policy.choose(),
+            "draft_vocab": rows}  # fmt: skip
 
 
 def _keys(curve: dict[int, float]) -> dict[str, float]:
@@ -171,7 +174,10 @@ def _tables(report: dict) -> str:
     for method, costs in default["methods"].items():
         draft = " ".join(f"{k}:{v:.1f}" for k, v in costs["draft_ms"].items())
         correct = " ".join(f"{k}:{v:.1f}" for k, v in costs["correct_ms"].items())
-        lines.append(f"{method}: draft ms by slots {draft} | correct ms {correct}")
+        lines.append(
+            f"{method}: draft ms by slots {draft} | correct ms {correct} | LM head rows "
+            f"{costs['draft_vocab']} (--draft-vocab)"
+        )
         start = costs["auto_k"]
         lines.append(f"{method}: auto starts at k = {start} (then follows acceptance; 0: none)")
     return "\n".join(lines)

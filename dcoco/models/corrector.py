@@ -170,8 +170,11 @@ class Corrector(nn.Module):
         the trained K (None: K). Needs K <= vocab."""
         return self.draft_parts(hidden, logits, anchor_ids, top_k).scores(self)
 
-    def draft_parts(self, hidden, logits, anchor_ids=None, top_k: int | None = None) -> GridParts:
-        """grid_parts of one drafter pass's top `top_k` candidates per slot (forward's inputs)."""
+    def draft_parts(
+        self, hidden, logits, anchor_ids=None, top_k: int | None = None, column_ids=None
+    ) -> GridParts:
+        """grid_parts of one drafter pass's top `top_k` candidates per slot (forward's inputs);
+        `column_ids` [N]: the token id of each logits column (a draft vocabulary), else None."""
         if top_k and top_k > self.config.top_k:
             raise DcocoError(
                 f"the corrector was trained on the top {self.config.top_k} candidates; it cannot "
@@ -180,6 +183,8 @@ class Corrector(nn.Module):
         candidate_logits, candidate_ids, logsumexp = top_candidates(
             logits, top_k or self.config.top_k, normaliser=self.config.features != "logit"
         )
+        if column_ids is not None:
+            candidate_ids = column_ids[candidate_ids]
         return self.grid_parts(hidden, candidate_logits, candidate_ids, logsumexp, anchor_ids)
 
     def score(
@@ -279,12 +284,14 @@ class Corrector(nn.Module):
         logits: Tensor,
         anchor_ids: Tensor,
         selection: str | None = None,
+        column_ids: Tensor | None = None,
     ) -> Tensor:
         """Draft token ids [batch, slots] by the rule named `selection` (default: greedy), over
         the top K candidates it names (`greedy/4`; default: the trained top-k). Outside autograd
-        and on large enough grids the prefix-first walks score only the rows they read."""
+        and on large enough grids the prefix-first walks score only the rows they read.
+        `column_ids`: as for draft_parts."""
         rule, top_k = split_selection(selection or DEFAULT_SELECTION)
-        parts = self.draft_parts(hidden, logits, anchor_ids, top_k)
+        parts = self.draft_parts(hidden, logits, anchor_ids, top_k, column_ids)
         if rule in WALKS and parts.walk_pays():
             indices = parts.walk(self, WALKS[rule])  # [batch, slots]
         else:

@@ -24,6 +24,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, rot
 
 from dcoco.models.cache import cache_length, crop_cache, new_cache
 from dcoco.models.copy_hints import add_copy_bonus
+from dcoco.models.draft_vocab import DraftVocab
 from dcoco.models.drafter_config import DrafterConfig, check_self_consistent
 
 
@@ -129,6 +130,8 @@ class BlockDrafter(nn.Module):
         self.copy_gate = None
         if config.copy_gate:
             self.add_copy_gate()
+        # decoding's head over a subset of rows (dcoco.models.draft_vocab); None: every row
+        self.draft_vocab: DraftVocab | None = None
 
     def add_copy_gate(self) -> None:
         """Give the drafter a copy gate (dcoco.models.copy_hints), zero-initialised so that its
@@ -224,7 +227,8 @@ class BlockDrafter(nn.Module):
         num_slots: int | None = None,  # head only the first slots (the rest would go unused)
         hint_ids: Tensor | None = None,  # [batch, block - 1] copy hints (config.copy_hints)
     ) -> tuple[Tensor, Tensor]:
-        """Draft the block after `anchor`: fp32 logits [batch, slots, vocab] and hidden states
+        """Draft the block after `anchor`: fp32 logits [batch, slots, vocab] (over the draft
+        vocabulary's N columns where one is set: token_ids() maps them) and hidden states
         [batch, slots, hidden] for the mask slots (positions s + 1 .. s + block_size - 1).
 
         The cache ends holding context K/V for positions 0 .. s - 1 and never the block's.
@@ -246,4 +250,21 @@ class BlockDrafter(nn.Module):
         # cost of a draft, so it runs on the slots the caller will propose only.
         hidden = hidden[:, 1 : 1 + num_slots if num_slots else None]
         slot_hints = None if hint_ids is None else hint_ids[:, : hidden.shape[1]]
-        return self.logits(hidden, slot_hints).float(), hidden
+        vocab = self.draft_vocab
+        if vocab is None:
+            return self.logits(hidden, slot_hints).float(), hidden
+        logits = vocab.logits(hidden)  # [batch, slots, N]: columns, see token_ids()
+        return self.copy_logits(logits, hidden, vocab.columns(slot_hints)).float(), hidden
+
+    def use_draft_vocab(self, token_ids: Tensor | None) -> None:
+        """Draft over the LM head's rows of `token_ids` only (None: every row) from now on."""
+        if token_ids is None:
+            self.draft_vocab = None
+            return
+        head, device = self._shared[1], self.norm.weight.device
+        vocab_size = self.config.vocab_size
+        self.draft_vocab = DraftVocab(head, token_ids.to(device), vocab_size, self._head_dtype)
+
+    def token_ids(self, columns: Tensor) -> Tensor:
+        """Columns of `draft()`'s logits -> token ids (the same unless a draft vocab is set)."""
+        return columns if self.draft_vocab is None else self.draft_vocab.token_ids[columns]

@@ -22,6 +22,7 @@ from typing import Protocol
 from torch import Tensor, nn
 
 from dcoco.errors import DcocoError
+from dcoco.models.draft_vocab import full_vocab_logits
 
 
 @dataclass
@@ -75,15 +76,27 @@ class DraftHead(Protocol):
 
 
 def select_draft(
-    head: DraftHead, hidden: Tensor, logits: Tensor, anchor_ids: Tensor, selection: str | None
+    head: DraftHead,
+    hidden: Tensor,
+    logits: Tensor,
+    anchor_ids: Tensor,
+    selection: str | None,
+    column_ids: Tensor | None = None,
 ) -> Tensor:
     """`head.select`, passing the corrector's selection rule (dcoco.models.selection) when the
-    caller names one. Only the corrector has rules; the sequential heads draft one way."""
-    if selection is None:
-        return head.select(hidden, logits, anchor_ids)
+    caller names one. Only the corrector has rules; the sequential heads draft one way.
+    `column_ids` [N]: the token id of each logits column (a draft vocabulary): the corrector maps
+    its candidates, the sequential heads (which read every token's logit) get -inf elsewhere."""
     if head.kind != "dcoco":
-        raise DcocoError(f"a {head.kind} head takes no selection rule (only dcoco does)")
-    return head.select(hidden, logits, anchor_ids, selection=selection)  # type: ignore[call-arg]
+        if selection is not None:
+            raise DcocoError(f"a {head.kind} head takes no selection rule (only dcoco does)")
+        if column_ids is not None:
+            logits = full_vocab_logits(logits, column_ids, head.config.vocab_size)
+        return head.select(hidden, logits, anchor_ids)
+    if selection is None and column_ids is None:
+        return head.select(hidden, logits, anchor_ids)
+    rule = {"selection": selection, "column_ids": column_ids}
+    return head.select(hidden, logits, anchor_ids, **rule)  # type: ignore[call-arg]
 
 
 def head_config_dict(head: nn.Module) -> dict:
