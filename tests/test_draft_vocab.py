@@ -132,6 +132,9 @@ def test_drafters_with_a_draft_vocab_stay_lossless_and_draft_inside_it(tiny_targ
         recording = RecordingProposer(proposer)
         assert Engine(tiny_target, recording).generate(prompt, 24).new_ids == plain.new_ids
         assert recording.drafts and set(recording.drafts) <= kept
+    drafter.use_draft_vocab(torch.tensor([5, 9, 30]))  # fewer rows than the corrector's top-k
+    with pytest.raises(DcocoError, match="pass a larger --draft-vocab"):
+        HeadProposer(drafter, corrector)
 
 
 @pytest.mark.parametrize("kind", ["dcoco", "dspark", "domino"])

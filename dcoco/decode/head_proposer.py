@@ -50,6 +50,11 @@ class HeadProposer(DFlashProposer):
             raise DcocoError(
                 f"{head.kind} head top-k {top_k} exceeds the vocab size {drafter.config.vocab_size}"
             )
+        if drafter.draft_vocab is not None and top_k > drafter.draft_vocab.size:
+            raise DcocoError(
+                f"{head.kind} head top-k {top_k} exceeds the draft vocabulary of "
+                f"{drafter.draft_vocab.size} tokens: pass a larger --draft-vocab"
+            )
         self.head = head
         prepare = getattr(head, "prepare_inference", None)  # tables built before any timed draft
         if prepare is not None:
