@@ -13,7 +13,6 @@ outside the shortlist carries no loss. Decoding and evaluation always use the fu
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -23,6 +22,7 @@ from torch import Tensor
 
 from dcoco.data.distill import Sample
 from dcoco.models.copy_hints import hints_at, match_table
+from dcoco.models.draft_vocab import rank_tokens
 from dcoco.models.drafter import BlockDrafter
 from dcoco.models.heads import HeadBatch
 from dcoco.train.blocks import (
@@ -56,10 +56,10 @@ class LossVocab:
         vocab = drafter.config.vocab_size
         if size <= 0 or size >= vocab:
             return cls(drafter, None)
-        counts = Counter(t for s in samples for t in s.response_ids)
-        ranked = sorted(counts, key=lambda t: (-counts[t], t))[:size]
+        # the draft vocabulary's order (dcoco.models.draft_vocab), so the two always agree
+        ranked, _ = rank_tokens([s.response_ids for s in samples])
         device = drafter._shared[1].weight.device
-        return cls(drafter, torch.tensor(sorted(ranked), device=device))
+        return cls(drafter, ranked[:size].sort().values.to(device))
 
     def logits(self, hidden: Tensor) -> Tensor:
         """[..., hidden] -> fp32 logits [..., vocab']."""
