@@ -186,16 +186,15 @@ def test_the_build_command_and_the_flag_resolve_the_shipped_ranking(tmp_path, mo
              for s in records]  # fmt: skip
     (corpus / "part-0000.jsonl").write_text("\n".join(lines) + "\n")
     monkeypatch.setenv("DCOCO_CHECKPOINTS", str(tmp_path / "ckpt"))
-    target = type("T", (), {"name": "tiny", "info": type("I", (), {"vocab_size": 128})()})()
-    assert draft_vocab_ids("auto", target) is None  # no ranking shipped: every row
+    assert draft_vocab_ids("auto", "tiny", 128) is None  # no ranking shipped: every row
     with pytest.raises(DcocoError, match="dcoco draft-vocab"):
-        draft_vocab_ids("2", target)
+        draft_vocab_ids("2", "tiny", 128)
     assert run(DraftVocabConfig(target="tiny", corpus=str(corpus))) == 0
     provenance = json.loads((tmp_path / "ckpt" / "tiny" / PROVENANCE_FILE).read_text())
     assert provenance["records"] == 30 and provenance["parts"]["part-0000.jsonl"]
     assert provenance["heldout_coverage"]["2048"] == 1.0
-    assert draft_vocab_ids("2", target).tolist() == [4, 6]
-    assert draft_vocab_ids("auto", target) is None  # auto's 16000 rows cover this vocab
-    target.info.vocab_size = 40_000
-    assert len(draft_vocab_ids("auto", target)) == 5  # every ranked token (fewer than auto's)
-    assert draft_vocab_ids("full", target) is None and draft_vocab_ids("40000", target) is None
+    assert draft_vocab_ids("2", "tiny", 128).tolist() == [4, 6]
+    assert draft_vocab_ids("auto", "tiny", 128) is None  # auto's 16000 rows cover this vocab
+    assert len(draft_vocab_ids("auto", "tiny", 40_000)) == 5  # every ranked token (< auto's)
+    assert draft_vocab_ids("full", "tiny", 40_000) is None
+    assert draft_vocab_ids("40000", "tiny", 40_000) is None

@@ -85,11 +85,70 @@ def test_a_served_selection_with_k_is_a_view_of_the_checkpoint(checkpoints, tmp_
     import json
 
     from dcoco.models.head_io import SELECTION_KEY
-    from dcoco.serving.checkpoint_view import with_selection
+    from dcoco.serving.checkpoint_view import VOCAB_WEIGHTS_FILE, served_view
 
     monkeypatch.setenv("DCOCO_CACHE_DIR", str(tmp_path / "cache"))
     _, headed = checkpoints
-    view = with_selection(headed, "greedy/4")
-    assert view.parent == tmp_path / "cache" / "serve" and view.name.endswith("-greedy-k4")
-    assert json.loads((view / "config.json").read_text())[SELECTION_KEY] == "greedy/4"
+    view = served_view(headed, "greedy/4")
+    assert view.parent == tmp_path / "cache" / "serve" and "/" not in view.name
+    config = json.loads((view / "config.json").read_text())
+    assert config[SELECTION_KEY] == "greedy/4" and "draft_vocab_size" not in config
     assert (view / "model.safetensors").resolve() == (headed / "model.safetensors").resolve()
+    assert not (view / VOCAB_WEIGHTS_FILE).exists()
+    assert served_view(headed, "greedy/4") == view and served_view(headed, "keep1") != view
+
+
+def _target_dir(path, tied: bool):
+    import json
+
+    from safetensors.torch import save_file
+
+    path.mkdir()
+    weight = torch.randn(32, 8)
+    name = "model.embed_tokens.weight" if tied else "lm_head.weight"
+    others = {} if tied else {"model.embed_tokens.weight": torch.zeros(32, 8)}
+    save_file({name: weight, **others}, str(path / "model.safetensors"))
+    config = {"vocab_size": 32, "tie_word_embeddings": tied}
+    (path / "config.json").write_text(json.dumps(config))
+    return weight
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_served_draft_vocabulary_is_the_targets_head_rows_in_vllms_layout(
+    checkpoints, tmp_path, monkeypatch, tied
+):
+    """`dcoco serve --draft-vocab N`: the view holds the target's LM head rows of the vocabulary
+    (the tied embedding's where it ties) and vLLM's `d2t` offsets, config `draft_vocab_size`."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from dcoco.models.head_io import SELECTION_KEY
+    from dcoco.serving.checkpoint_view import VOCAB_WEIGHTS_FILE, ServedVocab, served_view
+
+    monkeypatch.setenv("DCOCO_CACHE_DIR", str(tmp_path / "cache"))
+    _, headed = checkpoints
+    weight = _target_dir(tmp_path / "target", tied)
+    vocab = ServedVocab(torch.tensor([9, 3, 30]), tmp_path / "target")
+    view = served_view(headed, "greedy/4", vocab)
+    config = json.loads((view / "config.json").read_text())
+    assert config["draft_vocab_size"] == 3 and config[SELECTION_KEY] == "greedy/4"
+    head = load_file(str(view / VOCAB_WEIGHTS_FILE))
+    assert torch.equal(head["lm_head.weight"], weight[[3, 9, 30]])  # columns in the vocab's order
+    assert head["d2t"].tolist() == [3, 8, 28]  # token id - column, as vLLM adds them back
+    assert served_view(headed, "greedy/4", vocab) == view
+    other = served_view(headed, None, ServedVocab(torch.tensor([3, 9]), tmp_path / "target"))
+    assert other != view and "draft_vocab_size" not in json.loads(
+        (served_view(headed, "greedy/4") / "config.json").read_text()
+    )
+
+
+def test_a_target_without_its_head_weights_cannot_cut_a_draft_vocabulary(tmp_path):
+    import json
+
+    from dcoco.serving.checkpoint_view import target_head_rows
+
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "config.json").write_text(json.dumps({"tie_word_embeddings": False}))
+    with pytest.raises(DcocoError, match="--draft-vocab full"):
+        target_head_rows(tmp_path / "t", torch.tensor([1]))

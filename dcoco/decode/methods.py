@@ -152,17 +152,21 @@ def _check_candidates(method: str, path: Path, selection: str) -> None:
         )
 
 
-def draft_vocab_ids(setting: str, target: TargetModel):
+def draft_vocab_ids(setting: str, target_name: str, vocab_size: int):
     """The token ids [N] the drafter's head keeps under `--draft-vocab setting`, from the ranking
-    shipped beside the target's checkpoints; None for every row (`full`, a size covering the
-    vocab, or `auto` for a target that ships no ranking)."""
+    shipped beside the checkpoints of `target_name` (a vocabulary of `vocab_size`); None for every
+    row (`full`, a size covering the vocab, or `auto` for a target that ships no ranking)."""
     size = parse_draft_vocab(setting)
-    directory = checkpoints_dir() / target.name
-    if size is None or size >= target.info.vocab_size:
+    directory = checkpoints_dir() / target_name
+    if size is None or size >= vocab_size:
         return None
     if setting == "auto" and not (directory / RANKING_FILE).is_file():
         return None
-    return read_ranking(directory, target.info.vocab_size)[:size]
+    return read_ranking(directory, vocab_size)[:size]
+
+
+def _vocab_ids(options: MethodOptions, target: TargetModel):
+    return draft_vocab_ids(options.draft_vocab, target.name, target.info.vocab_size)
 
 
 def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> Proposer | None:
@@ -183,14 +187,14 @@ def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> 
     prior = stored_slot_accuracy(path)
     if spec.method in ("dflash", "pld-dflash"):
         drafter = pack_drafter(drafter, target)
-        drafter.use_draft_vocab(draft_vocab_ids(options.draft_vocab, target))
+        drafter.use_draft_vocab(_vocab_ids(options, target))
         proposer = DFlashProposer(
             drafter, num_draft_tokens=num_draft_tokens, acceptance_prior=prior
         )
         return proposer if spec.method == "dflash" else HybridProposer(proposer)
     head = load_head(path, target, drafter, drafter.dtype)
     drafter = pack_drafter(drafter, target)  # after the head, which may read its weights
-    drafter.use_draft_vocab(draft_vocab_ids(options.draft_vocab, target))
+    drafter.use_draft_vocab(_vocab_ids(options, target))
     return HeadProposer(
         drafter,
         head,

@@ -30,6 +30,7 @@ from types import SimpleNamespace
 from dcoco import paths
 from dcoco.config import Command
 from dcoco.errors import DcocoError
+from dcoco.models.draft_vocab import check_draft_vocab
 from dcoco.models.loading import DEFAULT_TARGET, EMBEDDED_TARGETS
 from dcoco.models.precision import HF_DTYPE_NAMES
 from dcoco.serving.layout import AUTO_DTYPES, LAYOUTS, check_layout, choose_setup, layout_env
@@ -52,6 +53,7 @@ class ServeConfig:
     num_speculative_tokens: int = 0  # the most drafts per step; 0 = the drafter's block size - 1
     draft_schedule: str = "auto"  # drafts by running requests: auto | fixed | 1:7,2-:0/1-:0@4
     schedule_prompts: str = ""  # JSONL of suite records the auto schedule is timed on; empty: ours
+    draft_vocab: str = "auto"  # drafter's LM head rows: auto | full | N (as `dcoco decode`)
     k0_context_margin: int = 1  # K = 0 steps keep the drafter's context to drafting batch + this
     max_model_len: int = 2048  # longest prompt + reply vLLM accepts
     max_num_seqs: int = 0  # 0 = vLLM's default
@@ -189,6 +191,7 @@ def build_command(config: ServeConfig) -> tuple[str, list[str]]:
         raise DcocoError("port, max-model-len and kv-cache-gib must all be > 0")
     if config.shutdown_timeout < 0:
         raise DcocoError("shutdown-timeout must be >= 0")
+    check_draft_vocab(config.draft_vocab)
     from dcoco.models.loading import resolve_target
 
     target_dir = resolve_target(config.target)
@@ -265,10 +268,11 @@ def _drafter_config(config: ServeConfig) -> dict:
             f"num-speculative-tokens must be in 1..{resolved.max_slots} for this drafter"
         )
     path, selection = resolved.path, resolved.spec.selection
-    if selection:
-        from dcoco.serving.checkpoint_view import with_selection
+    vocab = _served_vocab(config)
+    if selection or vocab is not None:
+        from dcoco.serving.checkpoint_view import served_view
 
-        model = with_selection(path, selection)
+        model = served_view(path, selection, vocab)
     else:
         model = path.resolve()
     # vLLM drops a prefix-cache hit's last block for EAGLE-like drafters (their K/V needs the next
@@ -280,6 +284,19 @@ def _drafter_config(config: ServeConfig) -> dict:
         "num_speculative_tokens": num,
         "disable_eagle_block_drop": True,
     }
+
+
+def _served_vocab(config: ServeConfig):
+    """The draft vocabulary the served drafter's head keeps (dcoco.models.draft_vocab), or None
+    for every row: the same ranking and sizes as `dcoco decode --draft-vocab`."""
+    from dcoco.decode.methods import draft_vocab_ids
+    from dcoco.models.loading import resolve_target
+    from dcoco.serving.checkpoint_view import ServedVocab
+
+    target_dir = resolve_target(config.target)
+    vocab_size = int(json.loads((target_dir / "config.json").read_text())["vocab_size"])
+    ids = draft_vocab_ids(config.draft_vocab, target_name(config.target), vocab_size)
+    return None if ids is None else ServedVocab(ids, target_dir)
 
 
 COMMAND = Command(

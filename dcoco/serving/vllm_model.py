@@ -10,6 +10,9 @@ class) with two optional additions:
 - `self.copy_gate` of a copy-hint drafter (config.json `dcoco.copy_gate`, weights `copy_gate.*`):
   its bonus goes on each mask row's hint, which dcoco.serving.vllm_hints wrote into the rows'
   input ids, as `BlockDrafter.logits` does in our engine.
+With a draft vocabulary (vLLM's own `draft_vocab_size` + `d2t` layout, written by
+dcoco.serving.checkpoint_view) the gate and the head work over the vocabulary's columns, as
+`BlockDrafter.draft` + `HeadProposer` do, and only the chosen draft is spread over every token.
 
 What the head sees matches `BlockDrafter.draft` + `HeadProposer.propose` in our own engine:
 - `hidden` [requests, slots, hidden]: the drafter's final hidden states after `norm`, mask slots
@@ -33,6 +36,7 @@ from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
 from dcoco.errors import DcocoError
 from dcoco.models.copy_hints import NO_HINT, add_copy_bonus
+from dcoco.models.draft_vocab import full_vocab_logits
 from dcoco.models.drafter_io import COPY_ARCHITECTURE, HEAD_ARCHITECTURES, HEAD_PREFIX
 from dcoco.models.head_io import HEAD_KEY, SELECTION_KEY
 from dcoco.models.head_registry import build_head
@@ -82,6 +86,8 @@ class DcocoDFlashForCausalLM(DFlashQwen3ForCausalLM):
         self._default_slots = int(speculative.num_speculative_tokens or 0)
         self._mask_token_id = self.model.mask_token_id
         self._input_ids: Tensor | None = None
+        self._column_ids: Tensor | None = None  # set by load_weights for a draft vocabulary
+        self._column_of: Tensor | None = None
 
     def _build_head(self) -> nn.Module | None:
         """The checkpoint's draft head; None for a copy-hint drafter without one."""
@@ -119,9 +125,13 @@ class DcocoDFlashForCausalLM(DFlashQwen3ForCausalLM):
     def compute_logits(self, hidden_states: Tensor) -> Tensor | None:
         """hidden_states [requests * slots, hidden] (request-major mask rows) -> logits whose
         argmax per row is the draft token: the copy gate's bonus added, the head's choice."""
-        logits = super().compute_logits(hidden_states)
+        column_ids = self._column_ids  # [N]: a draft vocabulary's token ids, None: every row
+        if column_ids is None:
+            logits = super().compute_logits(hidden_states)
+        else:  # over the vocabulary's columns; spread over every token below
+            logits = self.logits_processor(self.lm_head, hidden_states)
         if logits is None or self._input_ids is None or hidden_states.shape[0] == 0:
-            return logits
+            return logits if logits is None or column_ids is None else self._spread(logits)
         mask = self._mask_token_id
         requests, slots = request_layout(
             self._input_ids,
@@ -132,11 +142,11 @@ class DcocoDFlashForCausalLM(DFlashQwen3ForCausalLM):
         blocks = self._input_ids[: requests * (slots + 1)].view(requests, slots + 1)
         if self.copy_gate is not None:
             hints = blocks[:, 1:].reshape(-1)  # [rows]: the hint, or MASK where there is none
-            hint_columns = torch.where(hints == mask, NO_HINT, hints)
+            hint_columns = self._hint_columns(torch.where(hints == mask, NO_HINT, hints))
             bonus = self.copy_gate(hidden_states).squeeze(-1).float()  # [rows]
             logits = add_copy_bonus(logits.float(), bonus, hint_columns).to(logits.dtype)
         if self.head is None or requests > head_max_batch():  # above it: the drafter's top-1
-            return logits
+            return logits if column_ids is None else self._spread(logits)
         anchor_ids = blocks[:, 0]
         chosen = select_draft(
             self.head,
@@ -144,8 +154,19 @@ class DcocoDFlashForCausalLM(DFlashQwen3ForCausalLM):
             logits.view(requests, slots, logits.shape[-1]),
             anchor_ids,
             self._selection,
-        )  # [requests, slots]
-        return point_mass_logits(chosen.reshape(-1), logits)
+            column_ids,
+        )  # [requests, slots] token ids
+        return point_mass_logits(chosen.reshape(-1), logits, self.config.vocab_size)
+
+    def _spread(self, logits: Tensor) -> Tensor:
+        """[rows, N] column logits -> [rows, vocab], -inf outside the vocabulary (as vLLM's)."""
+        return full_vocab_logits(logits, self._column_ids, self.config.vocab_size)
+
+    def _hint_columns(self, hints: Tensor) -> Tensor:
+        """Token ids (NO_HINT allowed) -> logits columns; NO_HINT outside a draft vocabulary."""
+        if self._column_of is None:
+            return hints
+        return torch.where(hints >= 0, self._column_of[hints.clamp(min=0)], NO_HINT)
 
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]):
         head_weights: dict[str, Tensor] = {}
@@ -161,6 +182,7 @@ class DcocoDFlashForCausalLM(DFlashQwen3ForCausalLM):
                     yield name, tensor
 
         loaded = super().load_weights(drafter_weights())
+        self._index_vocabulary()
         if self.head is not None:
             self._load_head(head_weights)
         if self.copy_gate is not None:
@@ -172,6 +194,17 @@ class DcocoDFlashForCausalLM(DFlashQwen3ForCausalLM):
             loaded = set(loaded) | {HEAD_PREFIX + name for name in head_weights}
             loaded |= {COPY_GATE_PREFIX + name for name in gate_weights}
         return loaded
+
+    def _index_vocabulary(self) -> None:
+        """With a draft vocabulary (config.json `draft_vocab_size`, tensors `lm_head.weight` and
+        `d2t`, dcoco.serving.checkpoint_view): each column's token id and each token's column."""
+        offsets = self.draft_id_to_target_id
+        if offsets is None:
+            return
+        columns = torch.arange(offsets.shape[0], device=offsets.device)
+        self._column_ids = columns + offsets  # [N]
+        column_of = torch.full((self.config.vocab_size,), NO_HINT, device=offsets.device)
+        self._column_of = column_of.index_copy_(0, self._column_ids, columns)
 
     def _load_head(self, weights: dict[str, Tensor]) -> None:
         expected = set(self.head.state_dict())

@@ -121,8 +121,10 @@ def request_layout(
     )
 
 
-def point_mass_logits(chosen: Tensor, like: Tensor) -> Tensor:
-    """Logits shaped like `like` [rows, vocab]: 0 at `chosen` [rows], NOT_CHOSEN elsewhere."""
-    out = torch.full_like(like, NOT_CHOSEN)
+def point_mass_logits(chosen: Tensor, like: Tensor, vocab_size: int | None = None) -> Tensor:
+    """Logits [rows, vocab] of `like`'s rows, dtype and device (its vocab, or `vocab_size` where
+    `like` is over a draft vocabulary's columns): 0 at `chosen` [rows], NOT_CHOSEN elsewhere."""
+    vocab = like.shape[-1] if vocab_size is None else vocab_size
+    out = like.new_full((like.shape[0], vocab), NOT_CHOSEN)
     out.scatter_(1, chosen.reshape(-1, 1).to(torch.long), 0.0)
     return out
