@@ -8,8 +8,14 @@ import pytest
 import torch
 from conftest import make_tiny_target
 
+from dcoco.contracts import SamplingParams
 from dcoco.decode.cost_curve import CostCurve, forward_curve
-from dcoco.decode.draft_length import DraftLengthPolicy, best_draft_length, expected_tokens
+from dcoco.decode.draft_length import (
+    ContextMode,
+    DraftLengthPolicy,
+    best_draft_length,
+    expected_tokens,
+)
 from dcoco.decode.engine import Engine
 from dcoco.decode.proposers import PromptLookupProposer
 from dcoco.decode.session import DecodeConfig
@@ -95,6 +101,36 @@ def test_policy_keeps_each_context_mode_apart():
     assert policy.acceptance(2) == pytest.approx([0.5] * 6)  # a mode never seen: the prior
     assert policy.cycles == 400
     assert "3-gram match: k = 6" in policy.describe()
+
+
+def test_policy_keeps_sampled_and_greedy_requests_apart():
+    """A sampled draft is accepted far less often than a greedy one: each setting learns its own
+    rates, so an engine serving both does not over-draft one and under-draft the other."""
+    slope = CostCurve("s", {n: 10.0 + 2.0 * n for n in range(1, 17)})
+    policy = DraftLengthPolicy(slope, max_k=6, prior=(0.5,) * 6)
+    sampled = ContextMode(0, SamplingParams(temperature=1.0))
+    for _ in range(200):
+        policy.observe(proposed=6, accepted=6, draft_s=0.001, mode=ContextMode(0))
+        policy.observe(proposed=6, accepted=0, draft_s=0.001, mode=sampled)
+    assert policy.choose(ContextMode(0)) == 6 and policy.choose(sampled) == 0
+    assert policy.choose(0) == 6  # an int is a greedy request's match length
+    assert "T=1, no match: k = 0" in policy.describe()
+
+
+def test_the_engine_keys_its_rates_by_the_requests_sampling(tmp_path, monkeypatch):
+    monkeypatch.setenv("DCOCO_CACHE_DIR", str(tmp_path))
+    torch.set_num_threads(1)
+    target = make_tiny_target("llama")
+    policy = DraftLengthPolicy(LINEAR, max_k=4)
+    engine = Engine(target, PromptLookupProposer(4), policy)
+    prompt = torch.randint(5, 128, (12,), generator=torch.Generator().manual_seed(0)).tolist()
+    greedy = engine.generate(prompt, 20)
+    hot = SamplingParams(temperature=1.0)
+    sampled = engine.generate(prompt, 20, hot, seed=1)
+    by_setting = {}
+    for mode, counts in policy.modes.items():
+        by_setting[mode.sampling] = by_setting.get(mode.sampling, 0) + counts.cycles
+    assert by_setting == {None: greedy.stats.cycles, hot: sampled.stats.cycles}
 
 
 def test_auto_in_the_engine_keeps_output_and_stays_in_range(tmp_path, monkeypatch):

@@ -12,24 +12,39 @@ whose drafts miss settles on short blocks or none.
 A context mode that has drafted nothing for EXPLORE_EVERY cycles drafts once (the best k >= 1), so
 its rates keep following the text. Any k is lossless: it changes the speed, never the output.
 
-The a_i and the draft cost are kept per *context mode*: the length of the n-gram ending at the
-anchor that occurred earlier in the context (dcoco.models.copy_hints.match_length; 0 = none),
-the same key for every method. Where the text repeats itself a draft is accepted far more often
-and further (a loop, a quoted line), and for `pld-dflash` a lookup cycle costs no drafter pass;
-one pooled rate would cut those cycles as short as the others (issue 16: on AVX2 in fp32 it held
-the copy-hint drafter to 4 drafts while prompt lookup's loops ran to 7).
+The a_i and the draft cost are kept per *context mode* (ContextMode): the length of the n-gram
+ending at the anchor that occurred earlier in the context (dcoco.models.copy_hints.match_length;
+0 = none), the same key for every method, and the request's sampling setting. Where the text
+repeats itself a draft is accepted far more often and further (a loop, a quoted line), and for
+`pld-dflash` a lookup cycle costs no drafter pass; one pooled rate would cut those cycles as short
+as the others (issue 16: on AVX2 in fp32 it held the copy-hint drafter to 4 drafts while prompt
+lookup's loops ran to 7). A sampled draft is accepted with the target's probability of it, far
+less often than a greedy one: an engine that serves both (the bench alternates T = 0 and T = 1
+prompt by prompt) would otherwise over-draft the sampled replies and under-draft the greedy ones.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
+from dcoco.contracts import SamplingParams
 from dcoco.decode.cost_curve import CostCurve
 
 FLAT_PRIOR = 0.5  # a_i for a method that stores no acceptance (prompt lookup)
 PRIOR_WEIGHT = 8.0  # the prior counts as this many observed cycles per slot
 DRAFT_COST_DECAY = 0.9  # the proposer's cost per cycle is a running average (weight of the past)
 EXPLORE_EVERY = 8  # cycles without drafts in a mode before it drafts once to re-measure
+
+
+class ContextMode(NamedTuple):
+    """The key a policy keeps its rates under."""
+
+    match: int = 0  # the n-gram match length at the anchor (0 = none)
+    sampling: SamplingParams | None = None  # a sampled request's setting; None: greedy
+
+
+Mode = int | ContextMode  # an int: the match length of a greedy request
 
 
 def expected_tokens(acceptance: list[float], k: int) -> float:
@@ -73,14 +88,15 @@ class DraftLengthPolicy:
     max_k: int  # the most drafts the proposer can make
     prior: tuple[float, ...] = ()  # a_i per slot; slots beyond it get FLAT_PRIOR
     draft_ms: float = 0.0  # the proposer's cost per cycle before a mode has timed its own
-    modes: dict[int, ModeCounts] = field(init=False, default_factory=dict)
+    modes: dict[ContextMode, ModeCounts] = field(init=False, default_factory=dict)
 
     @property
     def cycles(self) -> int:
         """Cycles observed, every mode."""
         return sum(counts.cycles for counts in self.modes.values())
 
-    def counts(self, mode: int = 0) -> ModeCounts:
+    def counts(self, mode: Mode = 0) -> ModeCounts:
+        mode = mode if isinstance(mode, ContextMode) else ContextMode(mode)
         if mode not in self.modes:
             prior = [*self.prior[: self.max_k]]
             prior += [FLAT_PRIOR] * (self.max_k - len(prior))
@@ -88,16 +104,16 @@ class DraftLengthPolicy:
             self.modes[mode] = ModeCounts(accepted, [PRIOR_WEIGHT] * self.max_k, self.draft_ms)
         return self.modes[mode]
 
-    def acceptance(self, mode: int = 0) -> list[float]:
+    def acceptance(self, mode: Mode = 0) -> list[float]:
         counts = self.counts(mode)
         return [a / r for a, r in zip(counts.accepted, counts.reached, strict=True)]
 
-    def choose(self, mode: int = 0) -> int:
+    def choose(self, mode: Mode = 0) -> int:
         """The best k in 0..max_k for `mode` now (no side effects)."""
         draft_ms = self.counts(mode).draft_ms
         return best_draft_length(self.acceptance(mode), self.curve, draft_ms, self.max_k, 0)
 
-    def next_length(self, mode: int = 0) -> int:
+    def next_length(self, mode: Mode = 0) -> int:
         """The k of the next cycle: `choose`, except that after EXPLORE_EVERY cycles without
         drafts the mode drafts once, with the best k >= 1."""
         counts = self.counts(mode)
@@ -112,7 +128,7 @@ class DraftLengthPolicy:
         if not self.modes:
             return f"k = {self.choose()} of {self.max_k} now (nothing verified yet)"
         parts = []
-        for mode in sorted(self.modes, reverse=True):
+        for mode in sorted(self.modes, key=lambda m: (m.sampling is None, m.match), reverse=True):
             rates = " ".join(f"{a:.2f}" for a in self.acceptance(mode))
             parts.append(
                 f"{_mode_name(mode)}: k = {self.choose(mode)} (draft "
@@ -120,7 +136,7 @@ class DraftLengthPolicy:
             )
         return f"of {self.max_k} now; " + "; ".join(parts)
 
-    def observe(self, proposed: int, accepted: int, draft_s: float, mode: int = 0) -> None:
+    def observe(self, proposed: int, accepted: int, draft_s: float, mode: Mode = 0) -> None:
         """A verified cycle in context `mode`: slots 1..accepted were accepted, slot
         accepted + 1 (when proposed) was missed."""
         counts = self.counts(mode)
@@ -136,5 +152,7 @@ class DraftLengthPolicy:
         counts.drafted += 1
 
 
-def _mode_name(mode: int) -> str:
-    return f"{mode}-gram match" if mode else "no match"
+def _mode_name(mode: ContextMode) -> str:
+    name = f"{mode.match}-gram match" if mode.match else "no match"
+    sampling = mode.sampling
+    return name if sampling is None else f"T={sampling.temperature:g}, {name}"

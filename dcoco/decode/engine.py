@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dcoco.contracts import Proposal, SamplingParams, Verdict
-from dcoco.decode.draft_length import DraftLengthPolicy
+from dcoco.decode.draft_length import ContextMode, DraftLengthPolicy
 from dcoco.decode.proposers import DraftContext, Proposer, empty_proposal
 from dcoco.decode.sampling import sample_from_logits
 from dcoco.decode.stats import RequestStats
@@ -85,7 +85,7 @@ class Engine:
         while finish is None:
             # 2. propose: at most as many drafts as the budget and the context can still take.
             max_slots = min(budget - len(new_ids) - 1, target.max_context - tokens.shape[0])
-            mode = self._context_mode(tokens)
+            mode = self._context_mode(tokens, sampling)
             if self.draft_length and proposer is not None and max_slots > 0:  # auto; 0: plain step
                 max_slots = min(max_slots, self.draft_length.next_length(mode))
             tick = time.perf_counter()
@@ -116,9 +116,11 @@ class Engine:
         stats.total_s = _elapsed(started, device)
         return GenerationResult(list(prompt_ids), new_ids, finish, stats)
 
-    def _context_mode(self, tokens) -> int:
+    def _context_mode(self, tokens, sampling: SamplingParams) -> ContextMode:
         """The key the draft-length policy keeps its rates under (dcoco.decode.draft_length)."""
-        return match_length(tokens) if self.draft_length else 0
+        if not self.draft_length:
+            return ContextMode()
+        return ContextMode(match_length(tokens), None if sampling.greedy else sampling)
 
     def _propose(self, tokens, new_features, max_slots: int) -> Proposal:
         if self.proposer is None or max_slots <= 0:
@@ -134,7 +136,7 @@ class Engine:
             )
         return proposal
 
-    def _record_cycle(self, stats, proposed: int, accepted: int, propose_s: float, mode: int):
+    def _record_cycle(self, stats, proposed: int, accepted: int, propose_s: float, mode):
         stats.record_cycle(proposed, accepted)
         if self.draft_length:
             self.draft_length.observe(proposed, accepted, propose_s, mode)

@@ -13,6 +13,9 @@
 # them in turn at every level (`dcoco bench-serve --servers`): ratios from the same minutes, where
 # one server after another lets the machine's drift into them.
 #
+# A method may carry `dcoco serve` flags of its own after `+` (FLAG:VALUE each), e.g.
+# `dflash@dflash+draft-vocab:full`: so two servers of one method can differ in one flag.
+#
 # Usage: scripts/reproduce/bench_serve.sh   (env: METHODS, OUT, LIMIT, MAX_TOKENS, CONC, TEMPS,
 #                                            SCHEDULE, SCHEDULE_PROMPTS, ROUNDS, PORT, SERVE_FLAGS,
 #                                            INTERLEAVE)
@@ -45,12 +48,18 @@ export LD_PRELOAD="${DCOCO_VLLM_VENV:-$PWD/.venv-vllm}/lib/libiomp5.so"
 INTERLEAVE=${INTERLEAVE:-0}
 bench=(--suites gsm8k,humaneval,mtbench --limit "$LIMIT" --max-tokens "$MAX_TOKENS"
   --concurrency "$CONC" --temperatures "$TEMPS" --rounds "$ROUNDS")
-start_server() {  # method port [name]: a `dcoco serve` in the background, back once healthy
-  local method=$1 port=$2 name=${3:-${1//[@:\/]/-}} extra=()
+start_server() {  # method[+FLAG:VALUE...] port [name]: a `dcoco serve` in the background, back
+  # once healthy
+  local method=${1%%+*} port=$2 name=${3:-${1//[@:\/]/-}} extra=() flag
+  local own=()
+  if [[ $1 == *+* ]]; then
+    IFS=+ read -ra own <<< "${1#*+}"
+    for flag in "${own[@]}"; do extra+=("--${flag%%:*}" "${flag#*:}"); done
+  fi
   case $method in
     plain) ;;
-    ngram) extra=(--draft-schedule fixed) ;;
-    *) extra=(--draft-schedule "$SCHEDULE" "${timing[@]}") ;;
+    ngram) extra+=(--draft-schedule fixed) ;;
+    *) extra+=(--draft-schedule "$SCHEDULE" "${timing[@]}") ;;
   esac
   # shellcheck disable=SC2086  # SERVE_FLAGS is a list of flags
   .venv/bin/dcoco serve --method "$method" --port "$port" "${extra[@]}" $SERVE_FLAGS \
