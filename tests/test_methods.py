@@ -146,9 +146,12 @@ def test_a_served_draft_vocabulary_is_the_targets_head_rows_in_vllms_layout(
 def test_a_target_without_its_head_weights_cannot_cut_a_draft_vocabulary(tmp_path):
     import json
 
-    from dcoco.serving.checkpoint_view import target_head_rows
+    from dcoco.serving.checkpoint_view import served_vocab, target_head_rows
 
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "config.json").write_text(json.dumps({"tie_word_embeddings": False}))
     with pytest.raises(DcocoError, match="--draft-vocab full"):
         target_head_rows(tmp_path / "t", torch.tensor([1]))
+    assert served_vocab("auto", tmp_path / "t", "t") is None  # no vocab_size: every row
+    with pytest.raises(DcocoError, match="names no vocab_size"):
+        served_vocab("12", tmp_path / "t", "t")

@@ -40,6 +40,22 @@ class ServedVocab:
     target_dir: Path
 
 
+def served_vocab(setting: str, target_dir: Path, target_name: str) -> ServedVocab | None:
+    """The draft vocabulary `--draft-vocab setting` gives the target in `target_dir` (its
+    checkpoints filed under `target_name`), or None for every row: the ranking and sizes of
+    `dcoco decode --draft-vocab` (dcoco.models.draft_vocab)."""
+    from dcoco.decode.methods import draft_vocab_ids
+
+    hf = json.loads((target_dir / "config.json").read_text())
+    vocab_size = hf.get("vocab_size") or (hf.get("text_config") or {}).get("vocab_size")
+    if not vocab_size:  # nothing to check a ranking against
+        if setting in ("auto", "full"):
+            return None
+        raise DcocoError(f"{target_dir}/config.json names no vocab_size: pass --draft-vocab full")
+    ids = draft_vocab_ids(setting, target_name, int(vocab_size))
+    return None if ids is None else ServedVocab(ids, target_dir)
+
+
 def served_view(path: Path, selection: str | None = None, vocab: ServedVocab | None = None) -> Path:
     """A view of checkpoint `path` whose config.json names the corrector's `selection` rule and
     whose head is `vocab`'s rows of the target's (its other files linked): vLLM's worker builds

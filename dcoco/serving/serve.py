@@ -267,14 +267,13 @@ def _drafter_config(config: ServeConfig) -> dict:
         raise DcocoError(
             f"num-speculative-tokens must be in 1..{resolved.max_slots} for this drafter"
         )
-    path, selection = resolved.path, resolved.spec.selection
-    vocab = _served_vocab(config)
-    if selection or vocab is not None:
-        from dcoco.serving.checkpoint_view import served_view
+    from dcoco.models.loading import resolve_target
+    from dcoco.serving.checkpoint_view import served_view, served_vocab
 
-        model = served_view(path, selection, vocab)
-    else:
-        model = path.resolve()
+    path, selection = resolved.path, resolved.spec.selection
+    name = target_name(config.target)
+    vocab = served_vocab(config.draft_vocab, resolve_target(config.target), name)
+    model = served_view(path, selection, vocab) if selection or vocab else path.resolve()
     # vLLM drops a prefix-cache hit's last block for EAGLE-like drafters (their K/V needs the next
     # token); a DFlash drafter's context K/V needs only the position's own hidden state. The drop
     # cut the bench's hit rate to 7% against plain's 36% (docs/serving.md).
@@ -284,19 +283,6 @@ def _drafter_config(config: ServeConfig) -> dict:
         "num_speculative_tokens": num,
         "disable_eagle_block_drop": True,
     }
-
-
-def _served_vocab(config: ServeConfig):
-    """The draft vocabulary the served drafter's head keeps (dcoco.models.draft_vocab), or None
-    for every row: the same ranking and sizes as `dcoco decode --draft-vocab`."""
-    from dcoco.decode.methods import draft_vocab_ids
-    from dcoco.models.loading import resolve_target
-    from dcoco.serving.checkpoint_view import ServedVocab
-
-    target_dir = resolve_target(config.target)
-    vocab_size = int(json.loads((target_dir / "config.json").read_text())["vocab_size"])
-    ids = draft_vocab_ids(config.draft_vocab, target_name(config.target), vocab_size)
-    return None if ids is None else ServedVocab(ids, target_dir)
 
 
 COMMAND = Command(
