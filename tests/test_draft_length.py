@@ -58,22 +58,44 @@ def test_no_drafts_where_none_pays():
     assert best_draft_length([0.6] * 6, FLAT, 10.0, 6, min_k=0) == 6
 
 
-def test_policy_stops_drafting_where_drafts_miss_and_re_measures():
-    from dcoco.decode.draft_length import EXPLORE_EVERY
+def test_policy_stops_drafting_where_drafts_miss_and_re_measures_ever_less_often():
+    from dcoco.decode.draft_length import EXPLORE_EVERY, MAX_EXPLORE_EVERY
 
     slope = CostCurve("s", {n: 10.0 + 2.0 * n for n in range(1, 17)})
     policy = DraftLengthPolicy(slope, max_k=6, prior=(0.9,) * 6)
     assert policy.next_length() >= 1  # the prior: drafts pay
     for _ in range(50):
         policy.observe(proposed=1, accepted=0, draft_s=0.002)  # every draft misses
-    lengths = [policy.next_length() for _ in range(3 * EXPLORE_EVERY)]
-    assert lengths.count(0) == 3 * (EXPLORE_EVERY - 1)  # plain steps ...
-    assert [i for i, k in enumerate(lengths) if k] == [EXPLORE_EVERY * n - 1 for n in (1, 2, 3)]
+    lengths = [policy.next_length() for _ in range(400)]
+    explored = [i for i, k in enumerate(lengths) if k]
+    waits = [b - a for a, b in zip([-1, *explored], explored, strict=False)]
+    assert waits[:4] == [EXPLORE_EVERY, 2 * EXPLORE_EVERY, 4 * EXPLORE_EVERY, 8 * EXPLORE_EVERY]
+    assert set(waits[4:]) == {MAX_EXPLORE_EVERY}  # doubled up to the cap, then held
     before = policy.counts().draft_ms
     policy.observe(proposed=0, accepted=0, draft_s=0.0)  # a plain step: no cost, no acceptance
     assert policy.counts().draft_ms == before and policy.counts().drafted == 50
     assert policy.cycles == 51
     assert "k = 0" in policy.describe()
+
+
+def test_a_mode_that_drafts_again_explores_at_the_first_interval_after():
+    from dcoco.decode.draft_length import EXPLORE_EVERY
+
+    slope = CostCurve("s", {n: 10.0 + 2.0 * n for n in range(1, 17)})
+    policy = DraftLengthPolicy(slope, max_k=6, prior=(0.9,) * 6)
+    for _ in range(50):
+        policy.observe(proposed=1, accepted=0, draft_s=0.002)
+    for _ in range(3 * EXPLORE_EVERY):  # two explorations: the wait is now 4 x EXPLORE_EVERY
+        policy.next_length()
+    assert policy.counts().explore_every == 4 * EXPLORE_EVERY
+    for _ in range(200):  # the text turns repetitive: drafts land again
+        policy.observe(proposed=6, accepted=6, draft_s=0.002)
+    assert policy.next_length() >= 1
+    assert policy.counts().explore_every == EXPLORE_EVERY
+    for _ in range(5000):  # ... and stop landing: the back-off starts over
+        policy.observe(proposed=1, accepted=0, draft_s=0.002)
+    lengths = [policy.next_length() for _ in range(EXPLORE_EVERY)]
+    assert lengths == [0] * (EXPLORE_EVERY - 1) + [lengths[-1]] and lengths[-1] >= 1
 
 
 def test_policy_learns_from_verified_cycles():
@@ -150,7 +172,8 @@ def test_auto_in_the_engine_keeps_output_and_stays_in_range(tmp_path, monkeypatc
 
 def test_auto_with_no_drafts_keeps_output_and_feeds_the_drafter_every_tap(tmp_path, monkeypatch):
     """A DFlash drafter that auto mostly skips: the taps of the plain steps reach it when it
-    drafts again (every EXPLORE_EVERY cycles), and the output stays plain decoding's."""
+    drafts again (after EXPLORE_EVERY cycles, then ever fewer), and the output stays plain
+    decoding's."""
     from dcoco.decode.dflash_proposer import DFlashProposer
     from dcoco.models.drafter import BlockDrafter
     from dcoco.models.drafter_config import DrafterConfig
@@ -171,8 +194,8 @@ def test_auto_with_no_drafts_keeps_output_and_feeds_the_drafter_every_tap(tmp_pa
     monkeypatch.setattr(proposer.drafter, "draft", counted)
     policy = DraftLengthPolicy(LINEAR, max_k=4, prior=(0.01,) * 4)  # drafting never pays
     prompt = torch.randint(5, 128, (12,), generator=torch.Generator().manual_seed(0)).tolist()
-    plain = Engine(target).generate(prompt, 40)
-    auto = Engine(target, proposer, policy).generate(prompt, 40)
+    plain = Engine(target).generate(prompt, 160)
+    auto = Engine(target, proposer, policy).generate(prompt, 160)
     assert auto.new_ids == plain.new_ids
     assert len(seen) >= 3 and sum(s > 1 for s in seen) >= 2  # several plain steps' taps at once
     # every token before the last cycle's anchor reached the drafter, the prompt's included
