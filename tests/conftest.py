@@ -101,3 +101,13 @@ def drawn(monkeypatch):
 
     monkeypatch.setattr(Figure, "savefig", savefig)
     return saved
+
+
+def vllm_test_engine(model: str, speculative: dict | None, max_num_seqs: int = 4, **extra):
+    """A vLLM engine as the vLLM tests run it: fp32 (greedy output comparable token for token),
+    eager, a 512-token context and a 128 MiB KV cache (the CPU backend's default is GiBs)."""
+    from vllm import LLM
+
+    return LLM(model=model, dtype="float32", max_model_len=512, enforce_eager=True,
+               kv_cache_memory_bytes=128 << 20, speculative_config=speculative,
+               max_num_seqs=max_num_seqs, seed=0, **extra)  # fmt: skip

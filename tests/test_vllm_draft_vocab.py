@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 
 import pytest
+from conftest import vllm_test_engine
 
 from dcoco.paths import checkpoints_dir
 
@@ -65,22 +66,12 @@ def _read(worker) -> dict:
 
 
 def _generate(speculative: dict | None) -> tuple[list[list[int]], dict | None]:
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
     from dcoco.models.loading import resolve_target
 
-    llm = LLM(
-        model=str(resolve_target(TARGET)),
-        dtype="float32",
-        max_model_len=512,
-        enforce_eager=True,
-        kv_cache_memory_bytes=128 << 20,
-        speculative_config=speculative,
-        disable_log_stats=False,
-        max_num_seqs=4,
-        seed=0,
-    )
+    llm = vllm_test_engine(str(resolve_target(TARGET)), speculative, 4, disable_log_stats=False)
     try:
         if speculative:
             llm.collective_rpc(_install)

@@ -14,6 +14,7 @@ import os
 
 import pytest
 import torch
+from conftest import vllm_test_engine
 
 from dcoco.paths import checkpoints_dir
 from dcoco.serving.draft_schedule import HEAD_ENV
@@ -38,21 +39,12 @@ ENV = {
 def _generate(
     speculative: dict | None, temperatures: tuple[float, ...] = (0.0,) * len(PROMPTS)
 ) -> list[list[int]]:
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
     from dcoco.models.loading import resolve_target
 
-    llm = LLM(
-        model=str(resolve_target(TARGET)),
-        dtype="float32",
-        max_model_len=512,
-        enforce_eager=True,
-        kv_cache_memory_bytes=128 << 20,
-        speculative_config=speculative,
-        max_num_seqs=8,
-        seed=0,
-    )
+    llm = vllm_test_engine(str(resolve_target(TARGET)), speculative, 8)
     try:
         messages = [[{"role": "user", "content": p}] for p in PROMPTS]
         params = [

@@ -140,9 +140,13 @@ class DraftVocab:
 
     def columns(self, token_ids: Tensor | None) -> Tensor | None:
         """Token ids (NO_HINT allowed) -> columns; NO_HINT for ids outside the vocabulary."""
-        if token_ids is None:
-            return None
-        return torch.where(token_ids >= 0, self._column_of[token_ids.clamp(min=0)], NO_HINT)
+        return None if token_ids is None else hint_columns(token_ids, self._column_of)
+
+
+def hint_columns(token_ids: Tensor, column_of: Tensor) -> Tensor:
+    """Token ids (NO_HINT allowed) -> the vocabulary's columns by `column_of` [vocab] (NO_HINT
+    for a token outside it); the copy gate adds its bonus at these columns."""
+    return torch.where(token_ids >= 0, column_of[token_ids.clamp(min=0)], NO_HINT)
 
 
 def full_vocab_logits(logits: Tensor, token_ids: Tensor, vocab_size: int) -> Tensor:

@@ -36,7 +36,7 @@ from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
 from dcoco.errors import DcocoError
 from dcoco.models.copy_hints import NO_HINT, add_copy_bonus
-from dcoco.models.draft_vocab import full_vocab_logits
+from dcoco.models.draft_vocab import full_vocab_logits, hint_columns
 from dcoco.models.drafter_io import COPY_ARCHITECTURE, HEAD_ARCHITECTURES, HEAD_PREFIX
 from dcoco.models.head_io import HEAD_KEY, SELECTION_KEY
 from dcoco.models.head_registry import build_head
@@ -164,9 +164,7 @@ class DcocoDFlashForCausalLM(DFlashQwen3ForCausalLM):
 
     def _hint_columns(self, hints: Tensor) -> Tensor:
         """Token ids (NO_HINT allowed) -> logits columns; NO_HINT outside a draft vocabulary."""
-        if self._column_of is None:
-            return hints
-        return torch.where(hints >= 0, self._column_of[hints.clamp(min=0)], NO_HINT)
+        return hints if self._column_of is None else hint_columns(hints, self._column_of)
 
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]):
         head_weights: dict[str, Tensor] = {}
