@@ -74,6 +74,7 @@ def test_select_walks_rows_and_picks_what_the_grid_picks(flags, counts, selectio
 
         monkeypatch.setattr(grid_parts, "delta_grid", no_grid)
         monkeypatch.setattr(grid_parts, "WALK_MIN_CELLS", 1)  # walk whatever the size
+        monkeypatch.setattr(grid_parts, "WALK_MIN_K", 1)
         assert rule in WALKS
         assert torch.equal(corrector.select(hidden, logits, anchors, selection), expected)
 
@@ -94,3 +95,17 @@ def test_the_path_rules_small_grids_and_training_fill_the_grid(monkeypatch):
     with torch.no_grad():
         corrector.select(hidden, logits, anchors, "greedy")  # now it walks
     assert len(calls) == 3
+
+
+def test_from_walk_min_k_candidates_even_one_small_block_walks(monkeypatch):
+    corrector = trained_looking(OPTIONS[-1], True, torch.float32)
+    hidden, logits, anchors = random_block(1, seed=8)  # 1 x 5 pairs x K x K: far below the cells
+    calls = []
+    full = grid_parts.delta_grid
+    monkeypatch.setattr(grid_parts, "delta_grid", lambda *a: calls.append(1) or full(*a))
+    monkeypatch.setattr(grid_parts, "WALK_MIN_K", TOP_K)
+    with torch.no_grad():
+        corrector.select(hidden, logits, anchors, f"greedy/{TOP_K - 1}")
+        assert len(calls) == 1  # below WALK_MIN_K candidates: the grid
+        corrector.select(hidden, logits, anchors, f"greedy/{TOP_K}")
+        assert len(calls) == 1  # from WALK_MIN_K on: the walk

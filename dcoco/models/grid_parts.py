@@ -22,9 +22,13 @@ from dcoco.models.pair_grid import delta_grid
 from dcoco.models.selection import Scores
 
 MAX_PAIRS = 16  # slot pairs with a weight of their own for the pair counts (blocks up to 16)
-# Transitions (batch x pairs x K x K) from which the walk's rows, a few small operations each, cost
-# less than the whole grid: on an AVX2 Zen 3 (scripts/reproduce/corrector_cost.py, fp32 and
-# bf16) the grid was faster for one request at K = 16 (2,048) and the walk from 4,096 on.
+# When the walk's rows, a few small operations each, cost less than the whole grid
+# (scripts/reproduce/corrector_cost.py; docs/results.md): from WALK_MIN_K
+# candidates on at any size (one request, 1-7 slots, bf16 on an Intel Xeon with AMX: 0.77-0.86x
+# the grid's time at K = 16, 0.87-1.00x at K = 8; on an AVX2 Zen 3 the two were level at K = 16),
+# and at fewer candidates from WALK_MIN_CELLS transitions (batch x pairs x K x K) on (at K = 4 the
+# grid was 1.2x cheaper for one 7-slot block on the Zen 3, level on the Xeon).
+WALK_MIN_K = 8
 WALK_MIN_CELLS = 4096
 
 
@@ -95,10 +99,11 @@ class GridParts:
         return RowTerms(rows, scaled, corrector.bigram_scale.float())
 
     def walk_pays(self) -> bool:
-        """Whether `walk` beats `scores` here: outside autograd (training needs the whole grid)
-        and from WALK_MIN_CELLS transitions on."""
+        """Whether `walk` beats `scores` here: outside autograd (training needs the whole grid),
+        from WALK_MIN_K candidates or WALK_MIN_CELLS transitions on."""
         batch, pairs, top_k = self.from_pre.shape[:3]
-        return not torch.is_grad_enabled() and batch * pairs * top_k * top_k >= WALK_MIN_CELLS
+        large = top_k >= WALK_MIN_K or batch * pairs * top_k * top_k >= WALK_MIN_CELLS
+        return large and not torch.is_grad_enabled()
 
     def walk(self, corrector, from_start: bool) -> Tensor:
         """The prefix-first walk's candidate indices [batch, slots], one row per slot pair:

@@ -4,9 +4,10 @@ Loads the shipped corrector (CHECKPOINT, default dcoco-joint-12k) at each precis
 `select` on one drafted block per request (7 slots, random drafter hidden states and logits over
 the whole vocabulary; the cost does not depend on their values) for 1-32 requests:
 - `inference`: as the engine and the vLLM plugin run it (no autograd: the embedding projections
-  gathered from their vocabulary tables; the walk's rows from WALK_MIN_CELLS transitions on, the
-  whole grid in cache-sized chunks below), at the trained top-k and at the fewer candidates
-  `greedy/K` walks; `(grid)` and `(walk)` force one of the two at every size;
+  gathered from their vocabulary tables; the walk's rows from WALK_MIN_K candidates or
+  WALK_MIN_CELLS transitions on, the whole grid in cache-sized chunks below), at the trained
+  top-k and at the fewer candidates `greedy/K` walks; `(grid)` and `(walk)` force one of the
+  two at every size;
 - `training form`: the same scores through the autograd form (grad on), which is how inference
   ran before the chunked grid and the tables.
 The variants of one cell run in alternation, call after call, so load elsewhere on the machine
@@ -32,11 +33,12 @@ from dcoco.paths import checkpoints_dir
 TARGET, SLOTS, BATCHES, CALLS = "smollm2-135m-instruct", 7, (1, 4, 8, 16, 32), 15
 
 
-def variant(head, block, selection: str, grad: bool, walk_from: float):
-    """One way to run `select`: autograd on or off, the walk from `walk_from` transitions on."""
+def variant(head, block, selection: str, grad: bool, walk_from: tuple[float, float]):
+    """One way to run `select`: autograd on or off, the walk from `walk_from` = (candidates,
+    transitions) on."""
 
     def call():
-        grid_parts.WALK_MIN_CELLS = walk_from
+        grid_parts.WALK_MIN_K, grid_parts.WALK_MIN_CELLS = walk_from
         with torch.enable_grad() if grad else torch.no_grad():
             head.select(*block, selection=selection)
 
@@ -60,7 +62,7 @@ def main(checkpoint: str, counts: list[int], dtypes: list[str]) -> None:
           f"{torch.get_num_threads()} threads")  # fmt: skip
     print("| dtype | path | " + " | ".join(f"{b} req" for b in BATCHES) + " |")
     print("|---|---|" + "--:|" * len(BATCHES))
-    default = grid_parts.WALK_MIN_CELLS
+    default = (grid_parts.WALK_MIN_K, grid_parts.WALK_MIN_CELLS)
     for dtype in dtypes:
         target = load_target(TARGET, dtype)
         head = load_head(path, target, load_drafter(path, target))
@@ -68,7 +70,8 @@ def main(checkpoint: str, counts: list[int], dtypes: list[str]) -> None:
         trained = head.config.top_k  # plain `greedy` walks it (and runs on older trees)
         for k in counts:
             walk = "greedy" if k == trained else f"greedy/{k}"
-            forced = (("", default), (" (grid)", float("inf")), (" (walk)", 0))
+            never, always = (float("inf"),) * 2, (0, 0)
+            forced = (("", default), (" (grid)", never), (" (walk)", always))
             rows = [(f"inference{how}, greedy/{k}", False, least) for how, least in forced]
             if k == trained:
                 rows.append((f"training form, greedy/{k}", True, default))
@@ -81,7 +84,7 @@ def main(checkpoint: str, counts: list[int], dtypes: list[str]) -> None:
             for i, (name, _, _) in enumerate(rows):
                 print(f"| {dtype} | {name} | " + " | ".join(f"{c[i]:.2f}" for c in cells) + " |",
                       flush=True)  # fmt: skip
-    grid_parts.WALK_MIN_CELLS = default
+    grid_parts.WALK_MIN_K, grid_parts.WALK_MIN_CELLS = default
 
 
 if __name__ == "__main__":
