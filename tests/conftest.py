@@ -103,11 +103,14 @@ def drawn(monkeypatch):
     return saved
 
 
+KV_CACHE_BYTES = 128 << 20  # the vLLM tests' KV cache (the CPU backend's default is GiBs)
+
+
 def vllm_test_engine(model: str, speculative: dict | None, max_num_seqs: int = 4, **extra):
     """A vLLM engine as the vLLM tests run it: fp32 (greedy output comparable token for token),
-    eager, a 512-token context and a 128 MiB KV cache (the CPU backend's default is GiBs)."""
+    eager, a 512-token context and a KV_CACHE_BYTES cache."""
     from vllm import LLM
 
     return LLM(model=model, dtype="float32", max_model_len=512, enforce_eager=True,
-               kv_cache_memory_bytes=128 << 20, speculative_config=speculative,
+               kv_cache_memory_bytes=KV_CACHE_BYTES, speculative_config=speculative,
                max_num_seqs=max_num_seqs, seed=0, **extra)  # fmt: skip

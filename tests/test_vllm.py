@@ -28,6 +28,7 @@ import urllib.request
 
 import pytest
 import torch
+from conftest import vllm_test_engine
 
 from dcoco.errors import DcocoError
 from dcoco.paths import REPO_ROOT, checkpoints_dir
@@ -43,7 +44,6 @@ MAX_TOKENS = 40
 SHIPPED = "dflash-mask"  # a plain DFlash drafter, block 8: vLLM's own DFlash path
 SLOTS = 7
 COPY = "dflash"  # the shipped drafter, block 8: copy hints and a copy gate, 7 slots
-KV_CACHE_BYTES = 128 << 20
 ENV = {
     "OMP_NUM_THREADS": "1",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
@@ -132,21 +132,11 @@ def _spec_counters(llm) -> dict:
 def _run_vllm(target_dir: str, speculative: dict | None, prompts: list[list[int]], record=False):
     """Greedy fp32 token ids per prompt (one prompt at a time, so each draft pass holds one
     request), the spec counters' deltas and, with `record`, the head's select() calls."""
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
     started = time.perf_counter()
-    llm = LLM(
-        model=target_dir,
-        dtype="float32",
-        max_model_len=512,
-        enforce_eager=True,
-        kv_cache_memory_bytes=KV_CACHE_BYTES,
-        speculative_config=speculative,
-        disable_log_stats=False,
-        max_num_seqs=4,
-        seed=0,
-    )
+    llm = vllm_test_engine(target_dir, speculative, 4, disable_log_stats=False)
     startup = time.perf_counter() - started
     try:
         if record:

@@ -18,10 +18,10 @@ import urllib.request
 
 import pytest
 import torch
+from conftest import KV_CACHE_BYTES, vllm_test_engine
 from safetensors.torch import load_file
 from test_vllm import (
     ENV,
-    KV_CACHE_BYTES,
     MAX_TOKENS,
     PROMPTS,
     TARGET,
@@ -49,12 +49,10 @@ def _drafter_parameters(worker) -> dict:
 
 
 def _generate(target_dir: str, prompts, speculative: dict | None, parameters: bool = False):
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
-    llm = LLM(model=target_dir, dtype="float32", max_model_len=512, enforce_eager=True,
-              kv_cache_memory_bytes=KV_CACHE_BYTES, speculative_config=speculative,
-              max_num_seqs=4, seed=0)  # fmt: skip
+    llm = vllm_test_engine(target_dir, speculative)
     try:
         greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)
