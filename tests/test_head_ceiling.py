@@ -90,3 +90,17 @@ def test_probe_times_the_head_off_only_for_a_drafter_with_a_head():
         assert auto_schedule._probe_request(probe)["head"] is expected
     ngram = {"speculative": {"method": "ngram", "num_speculative_tokens": 3}}
     assert auto_schedule._probe_request(ngram)["head"] is False
+
+
+def test_probe_times_the_head_on_and_off_in_alternation_batch_by_batch():
+    from dcoco.serving.vllm_schedule_probe import HEAD_OFF, cell_order
+
+    order = cell_order([1, 2, 4, 8], ["0", HEAD_OFF])
+    assert order == [
+        (1, "0"), (1, HEAD_OFF), (2, HEAD_OFF), (2, "0"),
+        (4, "0"), (4, HEAD_OFF), (8, HEAD_OFF), (8, "0"),
+    ]  # fmt: skip
+    # each variant comes first as often as second, so a drift over the cells hits both alike
+    firsts = [label for n, (_, label) in enumerate(order) if n % 2 == 0]
+    assert firsts.count("0") == firsts.count(HEAD_OFF)
+    assert cell_order([1, 4], ["1"]) == [(1, "1"), (4, "1")]  # no head: one variant

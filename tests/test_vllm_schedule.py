@@ -152,7 +152,17 @@ def test_schedule_probe_times_every_cell_through_its_queue(monkeypatch):
         "calibration": {"max_tokens": 16, "batch": 2, "min_tokens": 32},
         "head": True,  # the corrector: the greedy cells again with it off
     }
+    queues, queue_rate = [], vllm_schedule_probe.queue_rate
+
+    def recorded(engine, make_request, batch, tokens):
+        queues.append((batch, os.environ.get(HEAD_ENV)))  # None: the head on
+        return queue_rate(engine, make_request, batch, tokens)
+
+    monkeypatch.setattr(vllm_schedule_probe, "queue_rate", recorded)
     summary = vllm_schedule_probe.measure(request)
+    # K = 3's greedy cells: with and without the head in alternation, batch by batch
+    on_off = [(1, None), (1, "0"), (3, "0"), (3, None)]
+    assert any(queues[i : i + 4] == on_off for i in range(len(queues)))
     rates = summary["rates"]
     assert set(rates) == {"0", "1"} and set(rates["0"]) == {"0", "3"} and set(rates["1"]) == {"0"}
     cells = [*rates["0"]["0"].values(), *rates["0"]["3"].values(), *rates["1"]["0"].values()]

@@ -9,11 +9,10 @@ measures their product noisily and at the probe's own acceptance:
   so the numbers are the worker's alone) serves the method with every batch size scheduled at K,
   and times each batch size b the way a loaded server runs it: a queue keeps b chat requests in
   flight (greedy at T = 0, sampled at T = 1, a fixed seed per request), each running
-  `max_tokens` tokens with EOS ignored, and a finished request is replaced at once (a batch
-  started together would wait for its slowest request at ever smaller sizes). The clock starts
-  when the first request finishes and stops once the requests have produced
-  max(`min_tokens`, `queue_rounds` x b x `max_tokens`) more tokens; step(b, K) is the time over
-  the engine steps taken. Each cell's tokens/s is kept too.
+  `max_tokens` tokens with EOS ignored, a finished request replaced at once (a batch started
+  together would wait for its slowest request at ever smaller sizes). Timed from the first
+  completion until max(`min_tokens`, `queue_rounds` x b x `max_tokens`) more tokens came out:
+  step(b, K) is that time over the engine steps taken; the cell's tokens/s is kept too.
 - **τ(K)**: in the engine with the longest K, `calibration` requests (replies to their end, up to
   its `max_tokens`) at T = 0 and T = 1 give how often each draft position is accepted; a block
   drafter's first K drafts do not depend on how many more it drafts, so τ(K) = 1 + the sum of the
@@ -21,10 +20,12 @@ measures their product noisily and at the probe's own acceptance:
 - **head off** (a drafter with a draft head, version 5): the greedy cells and the T = 0 acceptance
   again with the head switched off (dcoco.serving.head_ceiling.HEAD_ENV = 0, read at every step),
   the drafter's own top-1 drafting; the schedule then keeps the head up to the batch size where
-  it stops paying.
-The prompts are the request's (`dcoco serve --schedule-prompts`) or ours. The measurements go to
-the request's `summary` file as JSON (vLLM's logging shares stdout); dcoco.serving.draft_schedule
-turns them into schedules.
+  it stops paying. Version 6 times the two in alternation, batch by batch (`cell_order`), after
+  a warm-up serving every prompt once: an engine speeds up over its first cells (prefix cache,
+  memory), and version 5, every cell with the head before any without, read that as the head's
+  cost (10-15% at 8 requests in one engine on an Intel Xeon, 2 cores).
+Prompts: the request's (`dcoco serve --schedule-prompts`) or ours. The measurements go to the
+request's `summary` file (JSON; vLLM logs to stdout) for dcoco.serving.draft_schedule.
 """
 
 from __future__ import annotations
@@ -139,14 +140,18 @@ def _one_engine(request: dict, k: int, temperatures: list[str], calibrate: list[
             )
             for p in request.get("prompts") or PROMPTS
         ]
-        _time_batches(llm, {**request, "batches": [2], "min_tokens": 0}, prompts, 0.0)  # warm-up
-        cells = {t: _time_batches(llm, request, prompts, float(t)) for t in temperatures}
+        _warm_up(llm, request, prompts)
+        head_off = bool(request.get("head")) and k > 0 and "0" in temperatures
+        cells = {}
+        for t in temperatures:
+            variants = {t: contextlib.nullcontext, HEAD_OFF: _head_switched_off}
+            if not (head_off and t == "0"):
+                del variants[HEAD_OFF]
+            cells.update(_time_batches(llm, request, prompts, float(t), variants))
         acceptance = {t: _acceptance(llm, request, prompts, float(t)) for t in calibrate}
-        if request.get("head") and k > 0 and "0" in temperatures:
+        if head_off and "0" in calibrate:
             with _head_switched_off():
-                cells[HEAD_OFF] = _time_batches(llm, request, prompts, 0.0)
-                if "0" in calibrate:
-                    acceptance[HEAD_OFF] = _acceptance(llm, request, prompts, 0.0)
+                acceptance[HEAD_OFF] = _acceptance(llm, request, prompts, 0.0)
         return cells, acceptance
     finally:
         del llm
@@ -181,23 +186,48 @@ def _params(request: dict, temperature: float, seed: int, ignore_eos: bool = Tru
     )
 
 
-def _time_batches(llm, request: dict, prompts: list, temperature: float):
-    """({batch: tokens/s}, {batch: seconds a step}) of this engine's queue at each batch size."""
+def _warm_up(llm, request: dict, prompts: list) -> None:
+    """Every prompt served once (greedy, a few tokens), so no timed cell pays a first prefill."""
+    warm = {**request, "max_tokens": min(8, request["max_tokens"])}
+    batch = min(8, len(prompts))
+    queue_rate(
+        llm.llm_engine,
+        lambda i: ({"prompt_token_ids": prompts[i % len(prompts)]}, _params(warm, 0.0, i)),
+        batch,
+        len(prompts) * warm["max_tokens"],
+    )
+
+
+def cell_order(batches: list[int], labels: list[str]) -> list[tuple[int, str]]:
+    """The (batch, variant) cells in the order they are timed: batch by batch, each variant once,
+    the variants' order reversed at every other batch size, so drift hits them alike."""
+    return [
+        (batch, label)
+        for n, batch in enumerate(batches)
+        for label in (labels if n % 2 == 0 else labels[::-1])
+    ]
+
+
+def _time_batches(llm, request: dict, prompts: list, temperature: float, variants: dict) -> dict:
+    """{variant: ({batch: tokens/s}, {batch: seconds a step})} of this engine's queue at each
+    batch size, each variant (a label -> a context manager to time it in) in alternation."""
     batches = request["batches"] if temperature == 0 else request["sampled_batches"]
-    rates, step_s = {}, {}
-    for batch in batches:
+    cells: dict = {label: ({}, {}) for label in variants}
+    for batch, label in cell_order(batches, list(variants)):
         tokens = max(request["min_tokens"], request["queue_rounds"] * batch * request["max_tokens"])
-        rate, step = queue_rate(
-            llm.llm_engine,
-            lambda i: (
-                {"prompt_token_ids": prompts[i % len(prompts)]},
-                _params(request, temperature, i),
-            ),  # fmt: skip
-            batch,
-            tokens,
-        )
+        with variants[label]():
+            rate, step = queue_rate(
+                llm.llm_engine,
+                lambda i: (
+                    {"prompt_token_ids": prompts[i % len(prompts)]},
+                    _params(request, temperature, i),
+                ),  # fmt: skip
+                batch,
+                tokens,
+            )
+        rates, step_s = cells[label]
         rates[str(batch)], step_s[str(batch)] = round(rate, 2), round(step, 6)
-    return rates, step_s
+    return cells
 
 
 def _acceptance(llm, request: dict, prompts: list, temperature: float) -> list[float]:
