@@ -291,7 +291,7 @@ class _FakeEngine:
 
 
 def test_probe_queue_keeps_the_batch_full_and_counts_tokens_after_the_first_completion():
-    from dcoco.serving.vllm_schedule_probe import queue_rate
+    from dcoco.serving.vllm_queue import queue_rate
 
     # even-numbered requests emit 4 tokens a step, odd ones 1: a batch started together would
     # end with the slow ones running alone; the queue refills every finished slot at once

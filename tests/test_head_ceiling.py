@@ -92,15 +92,19 @@ def test_probe_times_the_head_off_only_for_a_drafter_with_a_head():
     assert auto_schedule._probe_request(ngram)["head"] is False
 
 
-def test_probe_times_the_head_on_and_off_in_alternation_batch_by_batch():
-    from dcoco.serving.vllm_schedule_probe import HEAD_OFF, cell_order
+def test_probe_times_every_k_and_the_head_off_in_alternation_batch_by_batch():
+    from dcoco.serving.vllm_schedule_probe import cell_order
 
-    order = cell_order([1, 2, 4, 8], ["0", HEAD_OFF])
-    assert order == [
-        (1, "0"), (1, HEAD_OFF), (2, HEAD_OFF), (2, "0"),
-        (4, "0"), (4, HEAD_OFF), (8, HEAD_OFF), (8, "0"),
+    variants = [(0, True), (2, True), (2, False)]  # (K, head on)
+    order = cell_order([1, 2, 4, 8], variants)
+    assert order[:6] == [
+        (1, (0, True)), (1, (2, True)), (1, (2, False)),
+        (2, (2, False)), (2, (2, True)), (2, (0, True)),
     ]  # fmt: skip
-    # each variant comes first as often as second, so a drift over the cells hits both alike
-    firsts = [label for n, (_, label) in enumerate(order) if n % 2 == 0]
-    assert firsts.count("0") == firsts.count(HEAD_OFF)
-    assert cell_order([1, 4], ["1"]) == [(1, "1"), (4, "1")]  # no head: one variant
+    assert [batch for batch, _ in order] == [1] * 3 + [2] * 3 + [4] * 3 + [8] * 3
+    # over every two batch sizes each variant sits at each position once from either end, so a
+    # drift over the cells hits them alike
+    for variant in variants:
+        places = [n % 3 for n, (_, v) in enumerate(order) if v == variant]
+        assert sum(places) / len(places) == 1  # the middle of three, on average
+    assert cell_order([1, 4], [(0, True)]) == [(1, (0, True)), (4, (0, True))]

@@ -155,14 +155,19 @@ def test_schedule_probe_times_every_cell_through_its_queue(monkeypatch):
     queues, queue_rate = [], vllm_schedule_probe.queue_rate
 
     def recorded(engine, make_request, batch, tokens):
-        queues.append((batch, os.environ.get(HEAD_ENV)))  # None: the head on
+        k = engine.engine_core.engine_core.scheduler.dynamic_sd_lookup[batch]
+        queues.append((batch, k, os.environ.get(HEAD_ENV)))  # None: the head on
         return queue_rate(engine, make_request, batch, tokens)
 
     monkeypatch.setattr(vllm_schedule_probe, "queue_rate", recorded)
     summary = vllm_schedule_probe.measure(request)
-    # K = 3's greedy cells: with and without the head in alternation, batch by batch
-    on_off = [(1, None), (1, "0"), (3, "0"), (3, None)]
-    assert any(queues[i : i + 4] == on_off for i in range(len(queues)))
+    # one engine: after the warm-up and the calibrations (at K = 3), the cells of every K, with
+    # and without the head, in alternation batch by batch, the engine's K switched between them
+    assert queues[-7:] == [
+        (1, 0, None), (1, 3, None), (1, 3, "0"), (3, 3, "0"), (3, 3, None), (3, 0, None),
+        (2, 0, None),  # T = 1
+    ]  # fmt: skip
+    assert all(k == 3 for _, k, _ in queues[:-7])
     rates = summary["rates"]
     assert set(rates) == {"0", "1"} and set(rates["0"]) == {"0", "3"} and set(rates["1"]) == {"0"}
     cells = [*rates["0"]["0"].values(), *rates["0"]["3"].values(), *rates["1"]["0"].values()]

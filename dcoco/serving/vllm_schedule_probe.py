@@ -5,25 +5,26 @@ A served method's speed at K drafts and b running requests is b x τ(K) / step(b
 costs, which depends on the machine and the method, times how many tokens it yields, which
 depends on the traffic. The probe measures the two apart (version 4), since a short timed run
 measures their product noisily and at the probe's own acceptance:
-- **step(b, K)**: for each draft length K of the request, one offline vLLM engine (this process,
-  so the numbers are the worker's alone) serves the method with every batch size scheduled at K,
-  and times each batch size b the way a loaded server runs it: a queue keeps b chat requests in
-  flight (greedy at T = 0, sampled at T = 1, a fixed seed per request), each running
-  `max_tokens` tokens with EOS ignored, a finished request replaced at once (a batch started
-  together would wait for its slowest request at ever smaller sizes). Timed from the first
-  completion until max(`min_tokens`, `queue_rounds` x b x `max_tokens`) more tokens came out:
-  step(b, K) is that time over the engine steps taken; the cell's tokens/s is kept too.
-- **τ(K)**: in the engine with the longest K, `calibration` requests (replies to their end, up to
-  its `max_tokens`) at T = 0 and T = 1 give how often each draft position is accepted; a block
+- **step(b, K)**: one offline vLLM engine (this process, so the numbers are the worker's alone)
+  serves the method, its K switched between cells (`_set_drafts`), and times each batch size b
+  the way a loaded server runs it: a queue keeps b chat requests in flight (greedy at T = 0,
+  sampled at T = 1, a fixed seed per request), each running `max_tokens` tokens with EOS ignored,
+  a finished request replaced at once (a batch started together would wait for its slowest
+  request at ever smaller sizes). Timed from the first completion until max(`min_tokens`,
+  `queue_rounds` x b x `max_tokens`) more tokens came out: step(b, K) is that time over the
+  engine steps taken; the cell's tokens/s is kept too. At each b the cells of every K (and the
+  head off, below) are timed in alternation (`cell_order`), after a warm-up serving every prompt
+  once. Versions 5 and 6 gave each K an engine of its own, minutes apart (5 also timed every cell
+  with the head before any without), and the machine's drift between them (an engine also speeds
+  up over its first cells: prefix cache, memory) moved schedules from one probe to the next.
+- **τ(K)**: at the longest K, before any cell, `calibration` requests (replies to their end, up
+  to its `max_tokens`) at T = 0 and T = 1 give how often each draft position is accepted; a block
   drafter's first K drafts do not depend on how many more it drafts, so τ(K) = 1 + the sum of the
   first K positions' rates.
-- **head off** (a drafter with a draft head, version 5): the greedy cells and the T = 0 acceptance
-  again with the head switched off (dcoco.serving.head_ceiling.HEAD_ENV = 0, read at every step),
-  the drafter's own top-1 drafting; the schedule then keeps the head up to the batch size where
-  it stops paying. Version 6 times the two in alternation, batch by batch (`cell_order`), after
-  a warm-up serving every prompt once: an engine speeds up over its first cells (prefix cache,
-  memory), and version 5, every cell with the head before any without, read that as the head's
-  cost (10-15% at 8 requests in one engine on an Intel Xeon, 2 cores).
+- **head off** (a drafter with a draft head): the greedy cells and the T = 0 acceptance again with
+  the head switched off (dcoco.serving.head_ceiling.HEAD_ENV = 0, read at every step), the
+  drafter's own top-1 drafting; the schedule keeps the head up to the batch size where it stops
+  paying.
 Prompts: the request's (`dcoco serve --schedule-prompts`) or ours. The measurements go to the
 request's `summary` file (JSON; vLLM logs to stdout) for dcoco.serving.draft_schedule.
 """
@@ -32,14 +33,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import itertools
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 from dcoco.serving.draft_schedule import HEAD_ENV
+from dcoco.serving.vllm_queue import queue_rate, spec_counts
 
 # Our own prompts (no benchmark suite's): code, arithmetic, explanation and chat, so the probe's
 # acceptance is a mix like a server's. `dcoco serve --schedule-prompts` replaces them with a
@@ -78,85 +78,96 @@ PROMPTS = (
     "Describe how photosynthesis works.",
     "Plan a one-day trip to a city you like.",
 )
-HEAD_OFF = "0 without head"  # the cells' key for the greedy cells timed with the head off
-_REQUEST_IDS = itertools.count()  # unique across cells: vLLM keys requests by id
 
 
 def measure(request: dict) -> dict:
     """Per temperature T, draft length K and batch size b: {"rates": {T: {K: {b: tokens/s}}},
     "step_s": {T: {K: {b: seconds a step}}}, "acceptance": {T: [rate of draft position 1, ...]}},
     with a draft head also "head_off": {"rates": {K: {b: ..}}, "step_s": .., "acceptance": [..]}
-    (greedy)."""
+    (greedy). One engine serves every cell (`_set_drafts` switches K between them)."""
     import vllm
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
+    lengths = request["draft_lengths"]  # {T: [K, ...]}
+    top = max(k for ks in lengths.values() for k in ks)
+    head = bool(request.get("head")) and top > 0 and "0" in lengths
     summary: dict = {"vllm": vllm.__version__, "rates": {}, "step_s": {}, "acceptance": {}}
     head_off: dict = {"rates": {}, "step_s": {}, "acceptance": []}
-    lengths = sorted({k for ks in request["draft_lengths"].values() for k in ks})
-    for k in lengths:
-        temperatures = [t for t, ks in request["draft_lengths"].items() if k in ks]
-        calibrate = list(request["draft_lengths"]) if k == lengths[-1] else []
-        cells, acceptance = _one_engine(request, k, temperatures, calibrate)
-        for temperature, (rates, step_s) in cells.items():
-            if temperature == HEAD_OFF:
-                head_off["rates"][str(k)], head_off["step_s"][str(k)] = rates, step_s
-            else:
-                summary["rates"].setdefault(temperature, {})[str(k)] = rates
-                summary["step_s"].setdefault(temperature, {})[str(k)] = step_s
-            print(f"dcoco: T={temperature} K={k}: {rates}", file=sys.stderr, flush=True)
-        head_off["acceptance"] = acceptance.pop(HEAD_OFF, head_off["acceptance"])
-        summary["acceptance"].update(acceptance)
-    if head_off["step_s"]:
+    llm = _engine(request, top)
+    try:
+        prompts = _chat_prompts(llm, request)
+        _warm_up(llm, request, prompts)  # at the longest K: every prompt's drafter context kept
+        # calibrated before any cell at K = 0, whose steps may not store the drafter's context
+        summary["acceptance"] = {t: _acceptance(llm, request, prompts, float(t)) for t in lengths}
+        if head:
+            with _head_switched_off():
+                head_off["acceptance"] = _acceptance(llm, request, prompts, 0.0)
+        for t, ks in lengths.items():
+            off = [(k, False) for k in ks if k > 0] if head and t == "0" else []
+            variants = [(k, True) for k in ks] + off
+            for (k, head_on), (rates, step_s) in _time_cells(llm, request, prompts, t, variants):
+                into = summary if head_on else head_off
+                into["rates"].setdefault(t, {})[str(k)] = rates
+                into["step_s"].setdefault(t, {})[str(k)] = step_s
+                label = "" if head_on else " without head"
+                print(f"dcoco: T={t}{label} K={k}: {rates}", file=sys.stderr, flush=True)
+    finally:
+        del llm
+        gc.collect()
+        cleanup_dist_env_and_memory()
+    if head_off["step_s"]:  # {"0": {K: ..}}: greedy only
+        head_off["rates"], head_off["step_s"] = head_off["rates"]["0"], head_off["step_s"]["0"]
         summary["head_off"] = head_off
     return summary
 
 
-def _one_engine(request: dict, k: int, temperatures: list[str], calibrate: list[str]):
+def _engine(request: dict, k: int):
     from vllm import LLM
-    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
     speculative = {
         **request["speculative"],
         "num_speculative_tokens_per_batch_size": [[1, 1 << 16, k]],
     }
-    llm = LLM(
+    return LLM(
         model=request["model"],
         dtype=request["dtype"],
         max_model_len=request["max_model_len"],
         enforce_eager=True,
         kv_cache_memory_bytes=request["kv_cache_bytes"],
         speculative_config=speculative,
-        max_num_seqs=max(request["batches"] + request["sampled_batches"]),
+        max_num_seqs=_max_batch(request),
         seed=0,
         disable_log_stats=False,  # the acceptance counters; a served engine keeps them too
     )
-    try:
-        tokenizer = llm.get_tokenizer()
-        prompts = [
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": p}],
-                add_generation_prompt=True,
-                tokenize=True,
-                return_dict=False,  # token ids, not transformers 5's BatchEncoding
-            )
-            for p in request.get("prompts") or PROMPTS
-        ]
-        _warm_up(llm, request, prompts)
-        head_off = bool(request.get("head")) and k > 0 and "0" in temperatures
-        cells = {}
-        for t in temperatures:
-            variants = {t: contextlib.nullcontext, HEAD_OFF: _head_switched_off}
-            if not (head_off and t == "0"):
-                del variants[HEAD_OFF]
-            cells.update(_time_batches(llm, request, prompts, float(t), variants))
-        acceptance = {t: _acceptance(llm, request, prompts, float(t)) for t in calibrate}
-        if head_off and "0" in calibrate:
-            with _head_switched_off():
-                acceptance[HEAD_OFF] = _acceptance(llm, request, prompts, 0.0)
-        return cells, acceptance
-    finally:
-        del llm
-        gc.collect()
-        cleanup_dist_env_and_memory()
+
+
+def _max_batch(request: dict) -> int:
+    return max(request["batches"] + request["sampled_batches"])
+
+
+def _chat_prompts(llm, request: dict) -> list:
+    tokenizer = llm.get_tokenizer()
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": p}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,  # token ids, not transformers 5's BatchEncoding
+        )
+        for p in request.get("prompts") or PROMPTS
+    ]
+
+
+def _set_drafts(llm, k: int) -> None:
+    """From the next step on, every batch size drafts `k`, as in an engine started with the
+    schedule `1-:k`: the scheduler's batch size -> K table, and the runner's limit for storing
+    the drafter's context in steps without drafts (dcoco.serving.vllm_no_draft), made again."""
+    engine = llm.llm_engine  # the engine core and the worker are in this process
+    lookup = engine.engine_core.engine_core.scheduler.dynamic_sd_lookup
+    lookup[:] = [k] * len(lookup)
+    runner = engine.model_executor.driver_worker.worker.model_runner
+    runner.speculative_config.num_speculative_tokens_per_batch_size = [[1, 1 << 16, k]]
+    runner.__dict__.pop("dcoco_context_limit", None)
 
 
 @contextlib.contextmanager
@@ -189,7 +200,7 @@ def _params(request: dict, temperature: float, seed: int, ignore_eos: bool = Tru
 def _warm_up(llm, request: dict, prompts: list) -> None:
     """Every prompt served once (greedy, a few tokens), so no timed cell pays a first prefill."""
     warm = {**request, "max_tokens": min(8, request["max_tokens"])}
-    batch = min(8, len(prompts))
+    batch = min(8, len(prompts), _max_batch(request))
     queue_rate(
         llm.llm_engine,
         lambda i: ({"prompt_token_ids": prompts[i % len(prompts)]}, _params(warm, 0.0, i)),
@@ -198,7 +209,7 @@ def _warm_up(llm, request: dict, prompts: list) -> None:
     )
 
 
-def cell_order(batches: list[int], labels: list[str]) -> list[tuple[int, str]]:
+def cell_order(batches: list[int], labels: list) -> list[tuple[int, object]]:
     """The (batch, variant) cells in the order they are timed: batch by batch, each variant once,
     the variants' order reversed at every other batch size, so drift hits them alike."""
     return [
@@ -208,26 +219,27 @@ def cell_order(batches: list[int], labels: list[str]) -> list[tuple[int, str]]:
     ]
 
 
-def _time_batches(llm, request: dict, prompts: list, temperature: float, variants: dict) -> dict:
-    """{variant: ({batch: tokens/s}, {batch: seconds a step})} of this engine's queue at each
-    batch size, each variant (a label -> a context manager to time it in) in alternation."""
-    batches = request["batches"] if temperature == 0 else request["sampled_batches"]
-    cells: dict = {label: ({}, {}) for label in variants}
-    for batch, label in cell_order(batches, list(variants)):
+def _time_cells(llm, request: dict, prompts: list, temperature: str, variants: list):
+    """[((K, head on), ({batch: tokens/s}, {batch: seconds a step})), ...]: this engine's queue
+    at each batch size and each variant, the variants timed in alternation (`cell_order`)."""
+    batches = request["batches"] if temperature == "0" else request["sampled_batches"]
+    cells: dict = {variant: ({}, {}) for variant in variants}
+    for batch, (k, head_on) in cell_order(batches, variants):
         tokens = max(request["min_tokens"], request["queue_rounds"] * batch * request["max_tokens"])
-        with variants[label]():
+        _set_drafts(llm, k)
+        with contextlib.nullcontext() if head_on else _head_switched_off():
             rate, step = queue_rate(
                 llm.llm_engine,
                 lambda i: (
                     {"prompt_token_ids": prompts[i % len(prompts)]},
-                    _params(request, temperature, i),
+                    _params(request, float(temperature), i),
                 ),  # fmt: skip
                 batch,
                 tokens,
             )
-        rates, step_s = cells[label]
+        rates, step_s = cells[(k, head_on)]
         rates[str(batch)], step_s[str(batch)] = round(rate, 2), round(step, 6)
-    return cells
+    return list(cells.items())
 
 
 def _acceptance(llm, request: dict, prompts: list, temperature: float) -> list[float]:
@@ -247,47 +259,6 @@ def _acceptance(llm, request: dict, prompts: list, temperature: float) -> list[f
     drafts_after, accepted_after = spec_counts(llm)
     new_drafts = max(1, drafts_after - drafts)
     return [round((a - b) / new_drafts, 4) for a, b in zip(accepted_after, accepted, strict=True)]
-
-
-def spec_counts(llm) -> tuple[int, list[int]]:
-    """vLLM's speculative counters so far (`disable_log_stats=False`): (drafts, accepted tokens
-    per draft position)."""
-    metrics = {m.name: m for m in llm.get_metrics()}
-    per_position = metrics["vllm:spec_decode_num_accepted_tokens_per_pos"].values
-    return metrics["vllm:spec_decode_num_drafts"].value, list(per_position)
-
-
-def queue_rate(engine, make_request, batch: int, tokens: int) -> tuple[float, float]:
-    """(tokens/s, seconds a step) of `engine` (vLLM's LLMEngine: add_request, step,
-    abort_request) with `batch` requests kept in flight, `make_request(i)` -> (prompt, params)
-    the i-th of them; timed from the first completion until `tokens` more tokens came out; what
-    is still running is aborted."""
-    running: set[str] = set()
-
-    def submit(i: int) -> None:
-        request_id = f"q{next(_REQUEST_IDS)}"
-        engine.add_request(request_id, *make_request(i))
-        running.add(request_id)
-
-    for i in range(batch):
-        submit(i)
-    submitted, produced, steps, started = batch, 0, 0, None
-    while started is None or produced < tokens:
-        outputs = engine.step()
-        if started is not None:
-            produced += sum(len(output.outputs[0].token_ids) for output in outputs)
-            steps += 1
-        for output in (output for output in outputs if output.finished):
-            running.discard(output.request_id)
-            submit(submitted)
-            submitted += 1
-        if started is None and submitted > batch:  # the first completion: staggered from here
-            started = time.perf_counter()
-    elapsed = time.perf_counter() - started
-    engine.abort_request(sorted(running))
-    while engine.has_unfinished_requests():  # let the aborts land before the next cell
-        engine.step()
-    return produced / elapsed, elapsed / steps
 
 
 def main(argv: list[str]) -> int:

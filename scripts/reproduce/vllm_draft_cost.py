@@ -2,7 +2,7 @@
 
 One vLLM engine in this process, bf16, the checkpoint CHECKPOINT of SmolLM2 at K drafts for every
 batch size; a queue keeps BATCH requests of 48 tokens in flight (the schedule probe's queue,
-dcoco.serving.vllm_schedule_probe.queue_rate) on the held-out prompts PROMPTS (a JSONL of suite
+dcoco.serving.vllm_queue.queue_rate) on the held-out prompts PROMPTS (a JSONL of suite
 records, as scripts/reproduce/schedule_prompts.py writes). The runner's, proposer's and plugin's
 calls are wrapped with timers; prints milliseconds per engine step for each.
 
@@ -23,7 +23,7 @@ import dcoco.serving.vllm_model as model
 from dcoco.models.loading import resolve_target
 from dcoco.paths import checkpoints_dir
 from dcoco.serving.auto_schedule import probe_prompts
-from dcoco.serving.vllm_schedule_probe import queue_rate
+from dcoco.serving.vllm_queue import queue_rate
 
 SECONDS: collections.Counter = collections.Counter()
 CALLS: collections.Counter = collections.Counter()
