@@ -63,3 +63,16 @@ def test_predicted_rates_are_batch_times_tau_over_step_time():
     step_s = {"0": {"1": 0.02, "4": 0.05}, "2": {"1": 0.025, "4": 0.08}}
     predicted = schedule_choice.predicted_rates(step_s, [0.8, 0.5, 0.3])
     assert predicted == {"0": {"1": 50.0, "4": 80.0}, "2": {"1": 92.0, "4": 115.0}}
+
+
+def test_a_k_timed_at_every_batch_size_is_read_off_a_quadratic_fit():
+    # `dcoco`'s K = 4 cells of 2026-12-05 (probe version 7): 4 requests read 77.9 ms
+    row = {"1": 0.0471, "2": 0.0479, "4": 0.0779, "8": 0.0882, "16": 0.1334, "32": 0.1926}
+    fit = schedule_choice.smoothed({"4": row})["4"]
+    assert list(fit) == list(row)
+    assert 0.060 < fit["4"] < 0.070  # the outlier pulled onto its neighbours' trend
+    assert all(abs(fit[b] / row[b] - 1) < 0.10 for b in row if b != "4")
+    exact = {str(b): 0.03 + 0.001 * b + 0.0001 * b * b for b in (1, 2, 4, 8, 16, 32)}
+    assert schedule_choice.smoothed({"2": exact})["2"] == pytest.approx(exact, rel=1e-4)
+    few = {"1": 0.03, "2": 0.05, "4": 0.04}  # the sampled cells: too few sizes to fit
+    assert schedule_choice.smoothed({"0": few}) == {"0": few}

@@ -11,12 +11,22 @@ K = 0's time). Each b then gets the shortest K whose predicted tokens/s,
 b x τ(K) / step(b, K) with τ(K) = 1 + the first K positions' acceptance, is within TOLERANCE of
 its fastest.
 
-Measured why (2026-12-04, Intel Xeon, vLLM-CPU, `dcoco` at T = 1, one request): K = 0 0.0298 s a
-step, K = 2 0.0437 s; the straight line from K = 0 put K = 1 at 0.0367 s and predicted 35.9
-tokens/s against K = 0's 33.6, and the served K = 1 ran 29.3 (τ 1.29), what 0.0437 s predicts.
+A probe cell is short (a few dozen steps), so one cell can be off by 15% and flip a choice. Where
+a K was timed at SMOOTH_MIN_BATCHES batch sizes or more (the greedy cells), its step times are
+first read off a quadratic in b fitted to them (least relative squares; step time grows with b,
+a little faster than linearly from the attention at 32 requests): 3 parameters for 6 cells. In
+`dcoco`'s probe of 2026-12-05 (Intel Xeon, version 7) K = 4 at 4 requests read 77.9 ms between
+47.9 at 2 and 88.2 at 8; the fit reads 66.3 there and is within 1-9% of the other five cells.
+
+Measured why the short K (2026-12-04, Intel Xeon, vLLM-CPU, `dcoco` at T = 1, one request):
+K = 0 0.0298 s a step, K = 2 0.0437 s; the straight line from K = 0 put K = 1 at 0.0367 s and
+predicted 35.9 tokens/s against K = 0's 33.6, and the served K = 1 ran 29.3 (τ 1.29), what
+0.0437 s predicts.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from dcoco.errors import DcocoError
 from dcoco.serving.draft_schedule import (
@@ -30,6 +40,7 @@ from dcoco.serving.draft_schedule import (
 from dcoco.serving.head_ceiling import choose_ceiling, merged_rates
 
 TOLERANCE = 0.02  # a shorter K within this share of the fastest wins (cheaper, as fast)
+SMOOTH_MIN_BATCHES = 5  # a K timed at this many batch sizes or more is smoothed (greedy: 6)
 
 Steps = dict[str, dict[str, float]]  # the probe's JSON: {K: {batch: seconds a step}}
 
@@ -60,12 +71,13 @@ def schedule_from(summary: dict) -> tuple[str, dict]:
     """(`GREEDY/SAMPLED[@N]`, the predicted {T: {K: {batch: tokens/s}}} it was chosen from) of the
     probe's measurements; for a head method, N and the greedy schedule beyond N come from the
     cells timed without the head (`head_off`)."""
-    step_s, acceptance = summary["step_s"], summary["acceptance"]
+    step_s = {t: smoothed(summary["step_s"][t]) for t in ("0", "1")}
+    acceptance = summary["acceptance"]
     rates = {t: predicted_rates(interpolated(step_s[t]), acceptance[t]) for t in ("0", "1")}
     greedy_rates, ceiling = _by_batch(rates["0"]), OPEN_END
     if summary.get("head_off"):
         off = summary["head_off"]  # K > 0 only: at K = 0 the head has nothing to pick
-        off_steps = interpolated({"0": step_s["0"]["0"], **off["step_s"]})
+        off_steps = interpolated({"0": step_s["0"]["0"], **smoothed(off["step_s"])})
         rates["0 without head"] = predicted_rates(off_steps, off["acceptance"])
         without = _by_batch(rates["0 without head"])
         ceiling = choose_ceiling(greedy_rates, without)
@@ -73,6 +85,21 @@ def schedule_from(summary: dict) -> tuple[str, dict]:
     greedy, sampled = choose(greedy_rates), choose(_by_batch(rates["1"]))
     pair = f"{format_schedule(greedy)}/{format_schedule(at_most(sampled, greedy))}"
     return with_ceiling(pair, ceiling), rates
+
+
+def smoothed(step_s: Steps) -> Steps:
+    """Each K's step times read off a quadratic in the batch size, fitted to them by least
+    relative squares, where SMOOTH_MIN_BATCHES sizes or more were timed; other rows (and a fit
+    that is not positive everywhere) as measured."""
+    out = {}
+    for k, row in step_s.items():
+        out[k] = row
+        if len(row) >= SMOOTH_MIN_BATCHES:
+            sizes, times = np.array([int(b) for b in row]), np.array(list(row.values()))
+            fit = np.polyval(np.polyfit(sizes, times, 2, w=1 / times), sizes)
+            if (fit > 0).all():
+                out[k] = {b: round(float(t), 6) for b, t in zip(row, fit, strict=True)}
+    return out
 
 
 def interpolated(step_s: Steps) -> Steps:
