@@ -35,7 +35,9 @@ from dcoco.eval.serving_bench_report import (
     level_line,
     margin_table,
     plot_throughput,
+    pooled,
     ratio_table,
+    spread_table,
 )
 from dcoco.eval.serving_interleave import parse_servers, turn_order
 from dcoco.eval.serving_metrics import aggregate, spec_counters, spec_delta
@@ -89,14 +91,21 @@ def run(config: BenchServeConfig) -> int:
 def write_compare(results: list[dict], out: Path) -> None:
     """summary.md (tokens/s, ratios to plain, DCOCO's margin, latency) and one figure in `out`."""
     out.mkdir(parents=True, exist_ok=True)
-    table = "\n\n".join(
-        [
-            "## Output tokens/s\n\n" + compare_table(results),
-            "## Against plain (same T, same level)\n\n" + ratio_table(results),
-            "## DCOCO's margin\n\n" + margin_table(results),
-            "## Latency per method\n\n" + "\n\n".join(map(console_table, results)),
+    sections = [
+        "## Output tokens/s\n\n" + compare_table(results),
+        "## Against plain (same T, same level)\n\n" + ratio_table(results),
+        "## DCOCO's margin\n\n" + margin_table(results),
+    ]
+    merged = pooled(results)
+    if merged:  # a method started more than once: its servers' mean, and their spread
+        sections += [
+            "## Each method's servers pooled: mean tok/s (spread between them)\n\n"
+            + spread_table(merged),
+            "## Pooled, against plain\n\n" + ratio_table(merged),
+            "## Pooled, DCOCO's margin\n\n" + margin_table(merged),
         ]
-    )
+    sections.append("## Latency per method\n\n" + "\n\n".join(map(console_table, results)))
+    table = "\n\n".join(sections)
     (out / COMPARE_FILE).write_text(table + "\n")
     print(table)
     print(plot_throughput(results, out / PLOT_FILE) or "matplotlib is not installed")

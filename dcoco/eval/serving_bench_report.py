@@ -155,3 +155,53 @@ def margin_table(
             shown = name if row == method else f"{name} (`{row}`)"
             lines.append(f"| {shown} | {temperature:g} | {' | '.join(cells)} |")
     return "\n".join(lines)
+
+
+def pooled(results: list[dict]) -> list[dict] | None:
+    """The servers of a method started more than once (`dcoco~2@...` beside `dcoco@...`) as one
+    result per method: per level the mean output tok/s and the spread between its servers
+    (largest / smallest - 1). None when every method has one server."""
+    groups: dict[str, list[dict]] = {}
+    for result in results:
+        method, _, checkpoint = result["label"].partition("@")
+        label = method.split("~")[0] + ("@" + checkpoint if checkpoint else "")
+        groups.setdefault(label, []).append(result)
+    if all(len(group) == 1 for group in groups.values()):
+        return None
+    merged = []
+    for label, group in groups.items():
+        rates: dict[tuple[float, int], list[float]] = {}
+        for result in group:
+            for level in result["levels"]:
+                key = (level["temperature"], level["concurrency"])
+                rates.setdefault(key, []).append(level["output_tok_s"])
+        levels = [
+            {"temperature": t, "concurrency": c, "output_tok_s": sum(r) / len(r),
+             "spread": max(r) / min(r) - 1 if min(r) > 0 else float("nan"), "servers": len(r)}
+            for (t, c), r in sorted(rates.items())
+        ]  # fmt: skip
+        merged.append({"label": label, "levels": levels})
+    return merged
+
+
+def spread_table(merged: list[dict]) -> str:
+    """Markdown: each method's servers, mean tok/s and spread between its servers, per level."""
+    levels = sorted({lv["concurrency"] for result in merged for lv in result["levels"]})
+    lines = [
+        f"| method | T | servers | {' | '.join(f'c={c}' for c in levels)} |",
+        "|---|--:|--:|" + "--:|" * len(levels),
+    ]
+    for result in merged:
+        for temperature in sorted({lv["temperature"] for lv in result["levels"]}):
+            at = {
+                lv["concurrency"]: lv for lv in result["levels"] if lv["temperature"] == temperature
+            }
+            servers = max(lv["servers"] for lv in at.values())
+            cells = [
+                f"{at[c]['output_tok_s']:.1f} ({at[c]['spread'] * 100:.1f}%)" if c in at else "-"
+                for c in levels
+            ]
+            lines.append(
+                f"| {_row(result['label'])} | {temperature:g} | {servers} | {' | '.join(cells)} |"
+            )
+    return "\n".join(lines)

@@ -3,7 +3,7 @@
 The probe (dcoco.serving.vllm_schedule_probe) times a step at a few draft lengths K per batch
 size b and measures how often each draft position is accepted. Once a step drafts at all, its time
 grows about linearly with K at a given b (the verify's rows are b x (K + 1)), so the lengths in
-between are interpolated: the probe runs one engine per measured K (4 for K up to 7, not 8), and
+between are interpolated: the probe times a few K (4 for K up to 7, not 8), and
 the schedule may still pick any K. From K = 0 to the first drafting K the line does not hold: any
 K > 0 pays the drafter's pass, which costs about the same for one slot as for seven, so a K below
 the shortest measured drafting one is read off the line through the two shortest (never below

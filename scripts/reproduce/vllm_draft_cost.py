@@ -6,6 +6,10 @@ dcoco.serving.vllm_queue.queue_rate) on the held-out prompts PROMPTS (a JSONL of
 records, as scripts/reproduce/schedule_prompts.py writes). The runner's, proposer's and plugin's
 calls are wrapped with timers; prints milliseconds per engine step for each.
 
+CHECKPOINT is a shipped checkpoint's name or a directory: the one `dcoco serve` hands vLLM (under
+$DCOCO_CACHE_DIR/serve/, with its draft vocabulary) times what a server runs. DCOCO_HEAD_MAX_BATCH=0
+switches the draft head off (dcoco.serving.head_ceiling).
+
 Usage (the vLLM venv):
   LD_PRELOAD=.venv-vllm/lib/libiomp5.so VLLM_ENABLE_V1_MULTIPROCESSING=0 \
     .venv-vllm/bin/python scripts/reproduce/vllm_draft_cost.py \
@@ -40,6 +44,9 @@ def timed(name: str, function):
     return wrapper
 
 
+TARGET = "smollm2-135m-instruct"
+
+
 def main(checkpoint: str, k: int, batch: int, prompts_file: str) -> None:
     from vllm import LLM, SamplingParams
     from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
@@ -52,12 +59,12 @@ def main(checkpoint: str, k: int, batch: int, prompts_file: str) -> None:
     hints._write_batch = timed("copy hints", hints._write_batch)
     speculative = {
         "method": "dflash",
-        "model": str(checkpoints_dir() / "smollm2-135m-instruct" / checkpoint),
+        "model": checkpoint if "/" in checkpoint else str(checkpoints_dir() / TARGET / checkpoint),
         "num_speculative_tokens": 7,
         "num_speculative_tokens_per_batch_size": [[1, 1 << 16, k]],
         "disable_eagle_block_drop": True,
     }
-    llm = LLM(model=str(resolve_target("smollm2-135m-instruct")), dtype="bfloat16",
+    llm = LLM(model=str(resolve_target(TARGET)), dtype="bfloat16",
               max_model_len=2048, enforce_eager=True, kv_cache_memory_bytes=1 << 30,
               max_num_seqs=32, speculative_config=speculative, seed=0)  # fmt: skip
     # after the plugin has installed its own wrappers

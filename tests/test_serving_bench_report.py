@@ -1,0 +1,34 @@
+"""The compare report's pooled tables: a method whose server was started twice (`dcoco~2@...`
+beside `dcoco@...`) counts as one, at the mean of its servers, with their spread shown."""
+
+from __future__ import annotations
+
+import pytest
+
+from dcoco.eval.serving_bench_report import margin_table, pooled, spread_table
+
+
+def _run(label: str, rates: dict[int, float]) -> dict:
+    levels = [{"temperature": 0.0, "concurrency": c, "output_tok_s": r} for c, r in rates.items()]
+    return {"label": label, "levels": levels}
+
+
+def test_servers_of_one_method_pool_to_their_mean_with_their_spread():
+    results = [
+        _run("dflash@dflash", {1: 50.0, 8: 200.0}),
+        _run("dcoco@dcoco-joint-12k", {1: 60.0, 8: 190.0}),
+        _run("dflash~2@dflash", {1: 54.0, 8: 220.0}),
+        _run("dcoco~2@dcoco-joint-12k", {1: 66.0, 8: 230.0}),
+    ]
+    merged = pooled(results)
+    assert [result["label"] for result in merged] == ["dflash@dflash", "dcoco@dcoco-joint-12k"]
+    dflash = {level["concurrency"]: level for level in merged[0]["levels"]}
+    assert dflash[1]["output_tok_s"] == 52.0 and dflash[8]["output_tok_s"] == 210.0
+    assert dflash[1]["spread"] == pytest.approx(0.08) and dflash[1]["servers"] == 2
+    # the margin from the means: 63 / 52 at one stream, 210 / 210 at eight
+    assert "| dflash | 0 | 1.21× | 1.00× |" in margin_table(merged)
+    assert "| dcoco | 0 | 2 | 63.0 (10.0%) | 210.0 (21.1%) |" in spread_table(merged)
+
+
+def test_one_server_per_method_pools_to_nothing():
+    assert pooled([_run("plain", {1: 30.0}), _run("dcoco@dcoco-joint-12k", {1: 60.0})]) is None
