@@ -11,6 +11,7 @@ from dcoco.serving import auto_schedule, schedule_choice
 from dcoco.serving.draft_schedule import (
     HEAD_ENV,
     OPEN_END,
+    SAMPLED_HEAD_ENV,
     parse_pair,
     schedule_env,
     split,
@@ -39,27 +40,36 @@ def test_beyond_the_ceiling_the_schedule_reads_the_cells_without_the_head():
 
 def test_schedule_from_a_probe_with_the_head_off_cells():
     step_s = {"0": {"1": 0.03, "4": 0.04, "8": 0.05}, "2": {"1": 0.04, "4": 0.08, "8": 0.14}}
+    sampled_steps = {"0": {"1": 0.03}, "1": {"1": 0.035}}
     summary = {
-        "step_s": {"0": step_s, "1": {"0": {"1": 0.03}, "1": {"1": 0.035}}},
+        "step_s": {"0": step_s, "1": sampled_steps},
         "acceptance": {"0": [0.8, 0.6], "1": [0.3]},
         "rates": {},
         # the drafter's own top-1: cheaper steps, a little less accepted
-        "head_off": {"step_s": {"2": {"1": 0.036, "4": 0.05, "8": 0.07}}, "acceptance": [0.7, 0.5]},
+        "head_off": {
+            "step_s": {"0": {"2": {"1": 0.036, "4": 0.05, "8": 0.07}}, "1": {"1": {"1": 0.031}}},
+            "acceptance": {"0": [0.7, 0.5], "1": [0.25]},
+        },
     }
     schedule, rates = schedule_choice.schedule_from(summary)
     # one request: 2.4 / 0.04 = 60 tok/s with the head, 2.2 / 0.036 = 61.1 without, so the head
-    # never picks (@0), and without it K = 2 pays at every size (4: 176 against 100 at K = 0)
+    # never picks (@0), and without it K = 2 pays at every size (4: 176 against 100 at K = 0);
+    # sampled, 1.3 / 0.035 = 37.1 with the head, 1.25 / 0.031 = 40.3 without: @0 as well
     assert schedule == "1-:2/1-:1@0"
     assert rates["0 without head"]["2"] == {"1": 61.11, "4": 176.0, "8": 251.43}
-    summary["head_off"]["acceptance"] = [0.2, 0.1]  # a drafter poor without its head: no ceiling
-    # with the head: K = 2 up to 4 requests (at 4: 120 tokens/s against K = 0's 100; K = 1 pays
-    # the same drafter pass, 0.08 s, for 90); none at 8 (K = 0 160, K = 2 137)
+    assert rates["1 without head"]["1"] == {"1": 40.32}
+    summary["head_off"]["acceptance"]["0"] = [0.2, 0.1]  # poor without its head when greedy
+    # greedy, with the head: K = 2 up to 4 requests (at 4: 120 tokens/s against K = 0's 100; K = 1
+    # pays the same drafter pass, 0.08 s, for 90); none at 8 (K = 0 160, K = 2 137); sampled
+    # steps still draft without it (M = 0)
+    assert schedule_choice.schedule_from(summary)[0] == "1-4:2,5-:0/1-4:1,5-:0@65536/0"
+    summary["head_off"]["acceptance"]["1"] = [0.1]  # and when sampled: no ceiling at all
     assert schedule_choice.schedule_from(summary)[0] == "1-4:2,5-:0/1-4:1,5-:0"
 
 
 def test_ceiling_travels_in_the_schedule_text_to_the_plugins_environment():
-    assert split("1:7,2-:0/1-:0@8") == ("1:7,2-:0/1-:0", 8)
-    assert split("1:7,2-:0") == ("1:7,2-:0", OPEN_END)
+    assert split("1:7,2-:0/1-:0@8") == ("1:7,2-:0/1-:0", 8, 8)
+    assert split("1:7,2-:0") == ("1:7,2-:0", OPEN_END, OPEN_END)
     assert with_ceiling("1:7,2-:0/1-:0", 8) == "1:7,2-:0/1-:0@8"
     assert with_ceiling("1:7,2-:0/1-:0", OPEN_END) == "1:7,2-:0/1-:0"
     assert parse_pair("1:7,2-:0/1-:0@8", max_k=7) == (
@@ -69,17 +79,32 @@ def test_ceiling_travels_in_the_schedule_text_to_the_plugins_environment():
     assert schedule_env("1:7,2-:0/1-:0@8") == {SCHEDULE_ENV: "1-:0", HEAD_ENV: "8"}
     assert schedule_env("1:7,2-:0/1-:0") == {SCHEDULE_ENV: "1-:0"}
     assert schedule_env("1:7,2-:0@0") == {HEAD_ENV: "0"}
-    with pytest.raises(DcocoError, match="after @ comes the head's largest batch size"):
-        parse_pair("1:7,2-:0@eight", max_k=7)
+    # `/M`: the ceiling in steps of sampled requests only
+    assert split("1:7,2-:0/1:2,2-:0@8/0") == ("1:7,2-:0/1:2,2-:0", 8, 0)
+    assert with_ceiling("1:7,2-:0/1-:0", 8, 0) == "1:7,2-:0/1-:0@8/0"
+    assert with_ceiling("1:7,2-:0/1-:0", 8, 8) == "1:7,2-:0/1-:0@8"
+    assert schedule_env("1:7,2-:0/1:2,2-:0@8/0") == {
+        SCHEDULE_ENV: "1:2,2-:0",
+        HEAD_ENV: "8",
+        SAMPLED_HEAD_ENV: "0",
+    }
+    assert schedule_env("1:7,2-:0@65536/2") == {SAMPLED_HEAD_ENV: "2"}
+    for bad in ("1:7,2-:0@eight", "1:7,2-:0@8/", "1:7,2-:0@8/x"):
+        with pytest.raises(DcocoError, match="after @ comes the head's largest batch size"):
+            parse_pair(bad, max_k=7)
 
 
 def test_plugin_reads_the_ceiling_at_every_step(monkeypatch):
     monkeypatch.delenv(HEAD_ENV, raising=False)
+    monkeypatch.delenv(SAMPLED_HEAD_ENV, raising=False)
     assert head_max_batch() == OPEN_END
     monkeypatch.setenv(HEAD_ENV, "4")
     assert head_max_batch() == 4
     monkeypatch.setenv(HEAD_ENV, "0")
     assert head_max_batch() == 0
+    assert head_max_batch(sampled_step=True) == 0  # M defaults to N
+    monkeypatch.setenv(SAMPLED_HEAD_ENV, "2")
+    assert (head_max_batch(), head_max_batch(sampled_step=True)) == (0, 2)
 
 
 def test_probe_times_the_head_off_only_for_a_drafter_with_a_head():

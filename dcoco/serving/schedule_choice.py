@@ -41,6 +41,7 @@ from dcoco.serving.head_ceiling import choose_ceiling, merged_rates
 
 TOLERANCE = 0.02  # a shorter K within this share of the fastest wins (cheaper, as fast)
 SMOOTH_MIN_BATCHES = 5  # a K timed at this many batch sizes or more is smoothed (greedy: 6)
+TEMPERATURES = ("0", "1")  # greedy, sampled: the probe's JSON keys
 
 Steps = dict[str, dict[str, float]]  # the probe's JSON: {K: {batch: seconds a step}}
 
@@ -68,23 +69,25 @@ def choose(rates: dict[int, dict[int, float]]) -> Schedule:
 
 
 def schedule_from(summary: dict) -> tuple[str, dict]:
-    """(`GREEDY/SAMPLED[@N]`, the predicted {T: {K: {batch: tokens/s}}} it was chosen from) of the
-    probe's measurements; for a head method, N and the greedy schedule beyond N come from the
-    cells timed without the head (`head_off`)."""
-    step_s = {t: smoothed(summary["step_s"][t]) for t in ("0", "1")}
+    """(`GREEDY/SAMPLED[@N[/M]]`, the predicted {T: {K: {batch: tokens/s}}} it was chosen from) of
+    the probe's measurements; for a head method, the ceilings N (greedy) and M (sampled) and each
+    schedule beyond its ceiling come from the cells timed without the head (`head_off`)."""
+    step_s = {t: smoothed(summary["step_s"][t]) for t in TEMPERATURES}
     acceptance = summary["acceptance"]
-    rates = {t: predicted_rates(interpolated(step_s[t]), acceptance[t]) for t in ("0", "1")}
-    greedy_rates, ceiling = _by_batch(rates["0"]), OPEN_END
+    rates = {t: predicted_rates(interpolated(step_s[t]), acceptance[t]) for t in TEMPERATURES}
+    by_batch = {t: _by_batch(rates[t]) for t in TEMPERATURES}
+    ceilings = dict.fromkeys(TEMPERATURES, OPEN_END)
     if summary.get("head_off"):
         off = summary["head_off"]  # K > 0 only: at K = 0 the head has nothing to pick
-        off_steps = interpolated({"0": step_s["0"]["0"], **smoothed(off["step_s"])})
-        rates["0 without head"] = predicted_rates(off_steps, off["acceptance"])
-        without = _by_batch(rates["0 without head"])
-        ceiling = choose_ceiling(greedy_rates, without)
-        greedy_rates = merged_rates(greedy_rates, without, ceiling)
-    greedy, sampled = choose(greedy_rates), choose(_by_batch(rates["1"]))
+        for t in TEMPERATURES:
+            off_steps = interpolated({"0": step_s[t]["0"], **smoothed(off["step_s"][t])})
+            rates[f"{t} without head"] = predicted_rates(off_steps, off["acceptance"][t])
+            without = _by_batch(rates[f"{t} without head"])
+            ceilings[t] = choose_ceiling(by_batch[t], without)
+            by_batch[t] = merged_rates(by_batch[t], without, ceilings[t])
+    greedy, sampled = choose(by_batch["0"]), choose(by_batch["1"])
     pair = f"{format_schedule(greedy)}/{format_schedule(at_most(sampled, greedy))}"
-    return with_ceiling(pair, ceiling), rates
+    return with_ceiling(pair, ceilings["0"], ceilings["1"]), rates
 
 
 def smoothed(step_s: Steps) -> Steps:

@@ -6,7 +6,8 @@ class) with two optional additions:
 - `self.head`, the very module the training code builds (`dcoco.models.head_registry.build_head`,
   config from config.json's `dcoco_head`, weights from the checkpoint's `head.*` tensors). See
   dcoco.serving.vllm_plugin for how the head's choice reaches vLLM's draft; above the head's
-  ceiling of running requests (dcoco.serving.head_ceiling) the drafter's own top-1 is the draft;
+  ceiling of running requests (dcoco.serving.head_ceiling; a ceiling of its own in steps whose
+  requests are all sampled) the drafter's own top-1 is the draft;
 - `self.copy_gate` of a copy-hint drafter (config.json `dcoco.copy_gate`, weights `copy_gate.*`):
   its bonus goes on each mask row's hint, which dcoco.serving.vllm_hints wrote into the rows'
   input ids, as `BlockDrafter.logits` does in our engine.
@@ -86,6 +87,7 @@ class DcocoDFlashForCausalLM(DFlashQwen3ForCausalLM):
         self._default_slots = int(speculative.num_speculative_tokens or 0)
         self._mask_token_id = self.model.mask_token_id
         self._input_ids: Tensor | None = None
+        self.sampled_step = False  # set per step by dcoco.serving.vllm_no_draft's proposer wrapper
         self._column_ids: Tensor | None = None  # set by load_weights for a draft vocabulary
         self._column_of: Tensor | None = None
 
@@ -145,7 +147,7 @@ class DcocoDFlashForCausalLM(DFlashQwen3ForCausalLM):
             hint_columns = self._hint_columns(torch.where(hints == mask, NO_HINT, hints))
             bonus = self.copy_gate(hidden_states).squeeze(-1).float()  # [rows]
             logits = add_copy_bonus(logits.float(), bonus, hint_columns).to(logits.dtype)
-        if self.head is None or requests > head_max_batch():  # above it: the drafter's top-1
+        if self.head is None or requests > head_max_batch(self.sampled_step):  # drafter's top-1
             return logits if column_ids is None else self._spread(logits)
         anchor_ids = blocks[:, 0]
         chosen = select_draft(

@@ -68,7 +68,8 @@ CONTEXT_MARGIN = 1  # K = 0 steps store the context up to this many requests abo
 
 def install() -> None:
     """Wrap `DFlashProposer.propose` and `RejectionSampler.forward` (once per process) with
-    their shortcuts for steps without drafts."""
+    their shortcuts for steps without drafts; the proposer's wrapper also tells the drafter
+    whether every request of the step is sampled."""
     global _installed
     if _installed:
         return
@@ -80,6 +81,8 @@ def install() -> None:
 
     def propose(self, *args, **kwargs):
         inputs = parameters.bind(self, *args, **kwargs).arguments  # by name, however passed
+        # the draft head's ceiling for steps of sampled requests only (dcoco.serving.head_ceiling)
+        self.model.sampled_step = inputs["sampling_metadata"].all_random
         if inputs["num_speculative_tokens"] != 0 and not _all_sampled_undrafted(inputs):
             return original(self, *args, **kwargs)
         return _context_only(self, inputs)

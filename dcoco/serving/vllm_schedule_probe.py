@@ -21,10 +21,10 @@ measures their product noisily and at the probe's own acceptance:
   to its `max_tokens`) at T = 0 and T = 1 give how often each draft position is accepted; a block
   drafter's first K drafts do not depend on how many more it drafts, so τ(K) = 1 + the sum of the
   first K positions' rates.
-- **head off** (a drafter with a draft head): the greedy cells and the T = 0 acceptance again with
-  the head switched off (dcoco.serving.head_ceiling.HEAD_ENV = 0, read at every step), the
-  drafter's own top-1 drafting; the schedule keeps the head up to the batch size where it stops
-  paying.
+- **head off** (a drafter with a draft head): every drafting cell and each T's acceptance again
+  with the head switched off (dcoco.serving.head_ceiling's HEAD_ENV and SAMPLED_HEAD_ENV = 0, read
+  at every step), the drafter's own top-1 drafting; the schedule keeps the head up to the batch
+  size where it stops paying, greedy and sampled apart (version 8; 7 timed greedy cells only).
 Prompts: the request's (`dcoco serve --schedule-prompts`) or ours. The measurements go to the
 request's `summary` file (JSON; vLLM logs to stdout) for dcoco.serving.draft_schedule.
 """
@@ -38,7 +38,7 @@ import os
 import sys
 from pathlib import Path
 
-from dcoco.serving.draft_schedule import HEAD_ENV
+from dcoco.serving.draft_schedule import HEAD_ENV, SAMPLED_HEAD_ENV
 from dcoco.serving.vllm_queue import queue_rate, spec_counts
 
 # Our own prompts (no benchmark suite's): code, arithmetic, explanation and chat, so the probe's
@@ -83,8 +83,8 @@ PROMPTS = (
 def measure(request: dict) -> dict:
     """Per temperature T, draft length K and batch size b: {"rates": {T: {K: {b: tokens/s}}},
     "step_s": {T: {K: {b: seconds a step}}}, "acceptance": {T: [rate of draft position 1, ...]}},
-    with a draft head also "head_off": {"rates": {K: {b: ..}}, "step_s": .., "acceptance": [..]}
-    (greedy). One engine serves every cell (`_set_drafts` switches K between them)."""
+    with a draft head also "head_off": {"rates": {T: {K: {b: ..}}}, "step_s": .., "acceptance":
+    {T: [..]}} (K > 0). One engine serves every cell (`_set_drafts` switches K between them)."""
     import vllm
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
@@ -92,7 +92,7 @@ def measure(request: dict) -> dict:
     top = max(k for ks in lengths.values() for k in ks)
     head = bool(request.get("head")) and top > 0 and "0" in lengths
     summary: dict = {"vllm": vllm.__version__, "rates": {}, "step_s": {}, "acceptance": {}}
-    head_off: dict = {"rates": {}, "step_s": {}, "acceptance": []}
+    head_off: dict = {"rates": {}, "step_s": {}, "acceptance": {}}
     llm = _engine(request, top)
     try:
         prompts = _chat_prompts(llm, request)
@@ -101,9 +101,11 @@ def measure(request: dict) -> dict:
         summary["acceptance"] = {t: _acceptance(llm, request, prompts, float(t)) for t in lengths}
         if head:
             with _head_switched_off():
-                head_off["acceptance"] = _acceptance(llm, request, prompts, 0.0)
+                head_off["acceptance"] = {
+                    t: _acceptance(llm, request, prompts, float(t)) for t in lengths
+                }
         for t, ks in lengths.items():
-            off = [(k, False) for k in ks if k > 0] if head and t == "0" else []
+            off = [(k, False) for k in ks if k > 0] if head else []
             variants = [(k, True) for k in ks] + off
             for (k, head_on), (rates, step_s) in _time_cells(llm, request, prompts, t, variants):
                 into = summary if head_on else head_off
@@ -115,8 +117,7 @@ def measure(request: dict) -> dict:
         del llm
         gc.collect()
         cleanup_dist_env_and_memory()
-    if head_off["step_s"]:  # {"0": {K: ..}}: greedy only
-        head_off["rates"], head_off["step_s"] = head_off["rates"]["0"], head_off["step_s"]["0"]
+    if head_off["step_s"]:
         summary["head_off"] = head_off
     return summary
 
@@ -172,16 +173,18 @@ def _set_drafts(llm, k: int) -> None:
 
 @contextlib.contextmanager
 def _head_switched_off():
-    """The plugin's draft head off for what runs inside (the engine is in this process)."""
-    before = os.environ.get(HEAD_ENV)
-    os.environ[HEAD_ENV] = "0"
+    """The plugin's draft head off for what runs inside (the engine is in this process), in
+    steps of any requests."""
+    before = {name: os.environ.get(name) for name in (HEAD_ENV, SAMPLED_HEAD_ENV)}
+    os.environ.update(dict.fromkeys(before, "0"))
     try:
         yield
     finally:
-        if before is None:
-            del os.environ[HEAD_ENV]
-        else:
-            os.environ[HEAD_ENV] = before
+        for name, value in before.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
 
 
 def _params(request: dict, temperature: float, seed: int, ignore_eos: bool = True):

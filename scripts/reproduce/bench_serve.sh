@@ -51,18 +51,19 @@ bench=(--suites gsm8k,humaneval,mtbench --limit "$LIMIT" --max-tokens "$MAX_TOKE
 start_server() {  # method[+FLAG:VALUE...] port [name]: a `dcoco serve` in the background, back
   # once healthy
   local method=${1%%+*} port=$2 name=${3:-${1//[@:\/]/-}} extra=() flag
-  local own=()
+  local own=() defaults
   if [[ $1 == *+* ]]; then
     IFS=+ read -ra own <<< "${1#*+}"
     for flag in "${own[@]}"; do extra+=("--${flag%%:*}" "${flag#*:}"); done
   fi
   case $method in
-    plain) ;;
-    ngram) extra+=(--draft-schedule fixed) ;;
-    *) extra+=(--draft-schedule "$SCHEDULE" "${timing[@]}") ;;
+    plain) defaults=() ;;
+    ngram) defaults=(--draft-schedule fixed) ;;
+    *) defaults=(--draft-schedule "$SCHEDULE" "${timing[@]}") ;;
   esac
+  # the method's own flags last: they override the defaults above and SERVE_FLAGS
   # shellcheck disable=SC2086  # SERVE_FLAGS is a list of flags
-  .venv/bin/dcoco serve --method "$method" --port "$port" "${extra[@]}" $SERVE_FLAGS \
+  .venv/bin/dcoco serve --method "$method" --port "$port" "${defaults[@]}" $SERVE_FLAGS "${extra[@]}" \
     > "$LOGS/$name.log" 2>&1 &
   servers+=($!)
   until curl -sf "http://127.0.0.1:$port/health" > /dev/null; do
@@ -83,8 +84,10 @@ if [ "$INTERLEAVE" = 1 ]; then
   for method in $METHODS; do
     # a method listed twice gets a second label (plain~2, dcoco~2@ckpt): the start order's own
     # effect is then measurable
-    base=${method%%@*} label=$method
-    while [[ " ${pairs[*]} " == *" $label="* ]]; do base="$base~2" label=$base${method#"${method%%@*}"}; done
+    base=${method%%@*} label=${method//,/;}  # `--servers` splits its list at commas
+    while [[ " ${pairs[*]} " == *" $label="* ]]; do
+      base="$base~2" label=$base${method#"${method%%@*}"} label=${label//,/;}
+    done
     start_server "$method" "$port" "${label//[@:\/\~]/-}"
     pairs+=("$label=http://127.0.0.1:$port")
     port=$((port + 1))

@@ -6,9 +6,11 @@ dcoco.serving.vllm_queue.queue_rate) on the held-out prompts PROMPTS (a JSONL of
 records, as scripts/reproduce/schedule_prompts.py writes). The runner's, proposer's and plugin's
 calls are wrapped with timers; prints milliseconds per engine step for each.
 
-CHECKPOINT is a shipped checkpoint's name or a directory: the one `dcoco serve` hands vLLM (under
+CHECKPOINT is `plain` (no drafter: the same engine without speculation, K ignored), a shipped
+checkpoint's name or a directory: the one `dcoco serve` hands vLLM (under
 $DCOCO_CACHE_DIR/serve/, with its draft vocabulary) times what a server runs. DCOCO_HEAD_MAX_BATCH=0
-switches the draft head off (dcoco.serving.head_ceiling).
+switches the draft head off (dcoco.serving.head_ceiling); TEMPERATURE=1 samples (default 0);
+DRAFT_SCHEDULE=GREEDY/SAMPLED@N/M serves that schedule instead of K at every batch size.
 
 Usage (the vLLM venv):
   LD_PRELOAD=.venv-vllm/lib/libiomp5.so VLLM_ENABLE_V1_MULTIPROCESSING=0 \
@@ -19,14 +21,17 @@ Usage (the vLLM venv):
 from __future__ import annotations
 
 import collections
+import os
 import sys
 import time
 
 import dcoco.serving.vllm_hints as hints
 import dcoco.serving.vllm_model as model
+import dcoco.serving.vllm_no_draft as no_draft
 from dcoco.models.loading import resolve_target
 from dcoco.paths import checkpoints_dir
 from dcoco.serving.auto_schedule import probe_prompts
+from dcoco.serving.draft_schedule import parse_pair, schedule_env
 from dcoco.serving.vllm_queue import queue_rate
 
 SECONDS: collections.Counter = collections.Counter()
@@ -57,30 +62,39 @@ def main(checkpoint: str, k: int, batch: int, prompts_file: str) -> None:
     for name in ("select_draft", "add_copy_bonus", "point_mass_logits"):
         setattr(model, name, timed(name, getattr(model, name)))
     hints._write_batch = timed("copy hints", hints._write_batch)
-    speculative = {
-        "method": "dflash",
-        "model": checkpoint if "/" in checkpoint else str(checkpoints_dir() / TARGET / checkpoint),
-        "num_speculative_tokens": 7,
-        "num_speculative_tokens_per_batch_size": [[1, 1 << 16, k]],
-        "disable_eagle_block_drop": True,
-    }
+    speculative = (
+        None
+        if checkpoint == "plain"
+        else {
+            "method": "dflash",
+            "model": checkpoint
+            if "/" in checkpoint
+            else str(checkpoints_dir() / TARGET / checkpoint),
+            "num_speculative_tokens": 7,
+            "num_speculative_tokens_per_batch_size": _schedule(k),
+            "disable_eagle_block_drop": True,
+        }
+    )
     llm = LLM(model=str(resolve_target(TARGET)), dtype="bfloat16",
               max_model_len=2048, enforce_eager=True, kv_cache_memory_bytes=1 << 30,
               max_num_seqs=32, speculative_config=speculative, seed=0)  # fmt: skip
     # after the plugin has installed its own wrappers
     GPUModelRunner.execute_model = timed("target forward", GPUModelRunner.execute_model)
     GPUModelRunner.sample_tokens = timed("sample + draft", GPUModelRunner.sample_tokens)
-    DFlashProposer.propose = timed("drafter pass", DFlashProposer.propose)
-    DFlashQwen3ForCausalLM.forward = timed("drafter layers", DFlashQwen3ForCausalLM.forward)
-    drafter = type(llm.llm_engine.model_executor.driver_worker.worker.model_runner.drafter.model)
-    drafter.compute_logits = timed("drafter logits + head", drafter.compute_logits)
+    if speculative is not None:
+        DFlashProposer.propose = timed("drafter pass", DFlashProposer.propose)
+        DFlashQwen3ForCausalLM.forward = timed("drafter layers", DFlashQwen3ForCausalLM.forward)
+        runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+        drafter = type(runner.drafter.model)
+        drafter.compute_logits = timed("drafter logits + head", drafter.compute_logits)
     tokenizer = llm.get_tokenizer()
     prompts = [
         tokenizer.apply_chat_template([{"role": "user", "content": text}],
                                       add_generation_prompt=True, tokenize=True, return_dict=False)
         for text in probe_prompts(prompts_file)
     ]  # fmt: skip
-    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True,
+    params = SamplingParams(temperature=float(os.environ.get("TEMPERATURE", "0")), max_tokens=48,
+                            ignore_eos=True,
                             output_kind=RequestOutputKind.DELTA)  # fmt: skip
 
     def request(i: int):
@@ -97,6 +111,17 @@ def main(checkpoint: str, k: int, batch: int, prompts_file: str) -> None:
     )
     for name, seconds in SECONDS.most_common():
         print(f"  {name:24s} {seconds / steps * 1e3:7.2f} ms a step")
+    print("  steps without drafts:", ", ".join(f"{k} {v}" for k, v in no_draft.STEPS.items()))
+
+
+def _schedule(k: int) -> list:
+    """K at every batch size, or the served schedule DRAFT_SCHEDULE (`GREEDY/SAMPLED@N/M`, as
+    `dcoco serve` logs it), its sampled part and ceilings put in this process's environment."""
+    text = os.environ.get("DRAFT_SCHEDULE", "")
+    if not text:
+        return [[1, 1 << 16, k]]
+    os.environ.update(schedule_env(text))
+    return [list(entry) for entry in parse_pair(text, max_k=7)[0]]
 
 
 if __name__ == "__main__":
