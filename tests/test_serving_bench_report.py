@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from dcoco.eval.serving_bench_report import margin_table, pooled, spread_table
+from dcoco.eval.serving_bench_report import (
+    margin_table,
+    numbered,
+    pooled,
+    ratio_table,
+    spread_table,
+)
 
 
 def _run(label: str, rates: dict[int, float]) -> dict:
@@ -32,3 +38,28 @@ def test_servers_of_one_method_pool_to_their_mean_with_their_spread():
 
 def test_one_server_per_method_pools_to_nothing():
     assert pooled([_run("plain", {1: 30.0}), _run("dcoco@dcoco-joint-12k", {1: 60.0})]) is None
+
+
+def test_a_server_with_flags_of_its_own_is_a_row_of_its_own():
+    results = [
+        _run("plain", {16: 300.0}),
+        _run("dcoco@dcoco-joint-12k", {16: 290.0}),
+        _run("dcoco@dcoco-joint-12k+draft-schedule:1:6;2-:0", {16: 303.0}),
+    ]
+    table = ratio_table(results)
+    assert "| dcoco | 0 | 0.97× |" in table
+    assert "| dcoco+draft-schedule:1:6;2-:0 | 0 | 1.01× |" in table
+    margins = margin_table(results)  # no dflash server here: no margins, but a row each
+    assert "| dflash | 0 | - |" in margins
+    assert "| dflash (`dcoco+draft-schedule:1:6;2-:0`) | 0 | - |" in margins
+    assert pooled(results) is None  # two servers, but not of one configuration
+
+
+def test_runs_compared_together_number_their_repeated_servers():
+    first_run = [_run("plain", {1: 30.0}), _run("dcoco@ckpt", {1: 60.0})]
+    second_run = [_run("dcoco@ckpt", {1: 64.0}), _run("dcoco~2@ckpt", {1: 62.0})]
+    labels = [result["label"] for result in numbered(first_run + second_run)]
+    assert labels == ["plain", "dcoco@ckpt", "dcoco~2@ckpt", "dcoco~3@ckpt"]
+    merged = {result["label"]: result for result in pooled(numbered(first_run + second_run))}
+    assert merged["dcoco@ckpt"]["levels"][0]["output_tok_s"] == 62.0  # three servers' mean
+    assert merged["dcoco@ckpt"]["levels"][0]["servers"] == 3

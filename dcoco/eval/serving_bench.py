@@ -1,15 +1,14 @@
 """`dcoco bench-serve`: load a running OpenAI-compatible server (`dcoco serve`) at several
 concurrency levels and report throughput, latency and speculative acceptance.
 
-Standard library only (threads + urllib; the counters and aggregates are
-dcoco.eval.serving_metrics). Prompts come from the benchmark suites
-(dcoco.eval.suites; first turns only). For each temperature x concurrency level, every prompt is
-sent once by `concurrency` worker threads (closed loop). Output tokens are the server's
-`usage.completion_tokens`; τ and per-position acceptance come from deltas of vLLM's Prometheus
-counters on `/metrics` around the level (τ = 1 + Δaccepted / Δdrafts, the bonus token included).
-Writes `<out>/bench_serve.json` and `<out>/throughput_vs_concurrency.png`; `--compare a.json,b.json`
-only tabulates (summary.md) and draws several runs (one line per label and temperature);
-`--servers LABEL=URL,...` loads several running servers in turn at every level, each into
+Standard library only (threads + urllib; counters and aggregates: dcoco.eval.serving_metrics).
+Prompts come from the benchmark suites (dcoco.eval.suites; first turns only). For each temperature
+x concurrency level, every prompt is sent once by `concurrency` worker threads (closed loop).
+Output tokens are the server's `usage.completion_tokens`; τ and per-position acceptance come from
+deltas of vLLM's Prometheus counters on `/metrics` around the level (τ = 1 + Δaccepted / Δdrafts,
+the bonus token included). Writes `<out>/bench_serve.json` and a figure; `--compare a.json,...`
+only tabulates (summary.md; a label repeated across runs is a server started again) and draws
+runs; `--servers LABEL=URL,...` loads several running servers in turn at every level, each into
 `<out>/<label>/`, and tabulates them (dcoco.eval.serving_interleave says why).
 """
 
@@ -34,6 +33,7 @@ from dcoco.eval.serving_bench_report import (
     console_table,
     level_line,
     margin_table,
+    numbered,
     plot_throughput,
     pooled,
     ratio_table,
@@ -91,6 +91,7 @@ def run(config: BenchServeConfig) -> int:
 def write_compare(results: list[dict], out: Path) -> None:
     """summary.md (tokens/s, ratios to plain, DCOCO's margin, latency) and one figure in `out`."""
     out.mkdir(parents=True, exist_ok=True)
+    results = numbered(results)
     sections = [
         "## Output tokens/s\n\n" + compare_table(results),
         "## Against plain (same T, same level)\n\n" + ratio_table(results),

@@ -94,13 +94,16 @@ def compare_table(results: list[dict]) -> str:
 
 def _row(label: str) -> str:
     """`dcoco:greedy/4@dcoco-joint-12k` -> `dcoco:greedy/4`: a label's method and selection rule,
-    its checkpoint left off (two rules of one method are two rows)."""
-    return label.split("@")[0]
+    its checkpoint left off (two rules of one method are two rows); a server's own flags stay
+    (`dflash@dflash+draft-vocab:full` -> `dflash+draft-vocab:full`, a row of its own)."""
+    method, _, checkpoint = label.partition("@")
+    _, plus, flags = checkpoint.partition("+")
+    return method + plus + flags
 
 
 def _method(row: str) -> str:
-    """`dcoco:greedy/4` -> `dcoco`."""
-    return row.split(":")[0]
+    """`dcoco:greedy/4` -> `dcoco`, `dcoco+draft-vocab:full` -> `dcoco`."""
+    return row.split(":")[0].split("+")[0]
 
 
 def _rates(results: list[dict]) -> dict[tuple[str, float], dict[int, float]]:
@@ -155,6 +158,22 @@ def margin_table(
             shown = name if row == method else f"{name} (`{row}`)"
             lines.append(f"| {shown} | {temperature:g} | {' | '.join(cells)} |")
     return "\n".join(lines)
+
+
+def numbered(results: list[dict]) -> list[dict]:
+    """The results with every repeated label numbered as a server started again (`plain`,
+    `plain` -> `plain`, `plain~2`): runs compared together may each hold a `dcoco@...`."""
+    seen: set[str] = set()
+    out = []
+    for result in results:
+        label = result["label"]
+        method, at, rest = label.partition("@")
+        base, copy = method.split("~")[0], 2
+        while label in seen:
+            label, copy = f"{base}~{copy}{at}{rest}", copy + 1
+        seen.add(label)
+        out.append(result if label == result["label"] else {**result, "label": label})
+    return out
 
 
 def pooled(results: list[dict]) -> list[dict] | None:

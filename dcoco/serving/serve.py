@@ -51,7 +51,7 @@ class ServeConfig:
     port: int = 8000  # port the server listens on
     dtype: str = "auto"  # auto (--layout auto times bf16 and fp32; else bf16) | bf16 | fp32 | fp16
     num_speculative_tokens: int = 0  # the most drafts per step; 0 = the drafter's block size - 1
-    draft_schedule: str = "auto"  # drafts by running requests: auto | fixed | 1:7,2-:0/1-:0@4
+    draft_schedule: str = "auto"  # drafts by running requests: auto | fixed | 1:7,2-:0/1-:0@4/0
     schedule_prompts: str = ""  # JSONL of suite records the auto schedule is timed on; empty: ours
     draft_vocab: str = "auto"  # drafter's LM head rows: auto | full | N (as `dcoco decode`)
     k0_context_margin: int = 1  # K = 0 steps keep the drafter's context to drafting batch + this
