@@ -7,6 +7,7 @@ import pytest
 
 from dcoco.eval.serving_bench_report import (
     margin_table,
+    method_rates,
     numbered,
     pooled,
     ratio_table,
@@ -53,6 +54,7 @@ def test_a_server_with_flags_of_its_own_is_a_row_of_its_own():
     assert "| dflash | 0 | - |" in margins
     assert "| dflash (`dcoco+draft-schedule:1:6;2-:0`) | 0 | - |" in margins
     assert pooled(results) is None  # two servers, but not of one configuration
+    assert method_rates(results)[("dcoco", 0.0)] == {16: 290.0}
 
 
 def test_runs_compared_together_number_their_repeated_servers():

@@ -203,6 +203,12 @@ def pooled(results: list[dict]) -> list[dict] | None:
     return merged
 
 
+def method_rates(results: list[dict]) -> dict[tuple[str, float], dict[int, float]]:
+    """(row, temperature) -> {concurrency: output tok/s}, a row's servers at their mean (`pooled`):
+    the rows the compare tables read, for comparisons across runs."""
+    return _rates(pooled(results) or results)
+
+
 def spread_table(merged: list[dict]) -> str:
     """Markdown: each method's servers, mean tok/s and spread between its servers, per level."""
     levels = sorted({lv["concurrency"] for result in merged for lv in result["levels"]})

@@ -144,5 +144,5 @@ def with_ceiling(schedule: str, ceiling: int, sampled_ceiling: int | None = None
     OPEN_END)."""
     sampled_ceiling = ceiling if sampled_ceiling is None else sampled_ceiling
     if sampled_ceiling != ceiling:
-        return f"{schedule}@{min(ceiling, OPEN_END)}/{min(sampled_ceiling, OPEN_END)}"
+        return f"{schedule}@{ceiling}/{sampled_ceiling}"
     return schedule if ceiling >= OPEN_END else f"{schedule}@{ceiling}"

@@ -84,10 +84,9 @@ if [ "$INTERLEAVE" = 1 ]; then
   for method in $METHODS; do
     # a method listed twice gets a second label (plain~2, dcoco~2@ckpt): the start order's own
     # effect is then measurable
-    base=${method%%@*} label=${method//,/;}  # `--servers` splits its list at commas
-    while [[ " ${pairs[*]} " == *" $label="* ]]; do
-      base="$base~2" label=$base${method#"${method%%@*}"} label=${label//,/;}
-    done
+    spec=${method//,/;}  # `--servers` splits its list at commas
+    base=${spec%%@*} label=$spec
+    while [[ " ${pairs[*]} " == *" $label="* ]]; do base="$base~2" label=$base${spec#"${spec%%@*}"}; done
     start_server "$method" "$port" "${label//[@:\/\~]/-}"
     pairs+=("$label=http://127.0.0.1:$port")
     port=$((port + 1))

@@ -18,32 +18,32 @@ import statistics
 import sys
 from pathlib import Path
 
+from dcoco.eval.serving_bench_report import method_rates
+
 OURS, OTHERS = "dcoco", ("plain", "dflash")
 
 
-def method_rates(run: Path) -> dict[tuple[str, float, int], float]:
-    """(method, T, streams) -> the mean output tokens/s of the run's servers of that method."""
-    rates: dict[tuple[str, float, int], list[float]] = {}
-    for file in sorted(run.glob("*/bench_serve.json")):
-        result = json.loads(file.read_text())
-        method = result["label"].partition("@")[0].split("~")[0]
-        for level in result["levels"]:
-            key = (method, level["temperature"], level["concurrency"])
-            rates.setdefault(key, []).append(level["output_tok_s"])
-    return {key: statistics.mean(values) for key, values in rates.items()}
+def run_rates(run: Path) -> dict[tuple[str, float], dict[int, float]]:
+    """(row, T) -> {streams: tokens/s}: the run's servers of a row at their mean, as the compare
+    report reads them (a server with flags of its own is a row of its own)."""
+    results = [json.loads(file.read_text()) for file in sorted(run.glob("*/bench_serve.json"))]
+    return method_rates(results)
 
 
 def main(runs: list[Path]) -> None:
-    per_run = [method_rates(run) for run in runs]
-    levels = sorted({(t, c) for rates in per_run for (m, t, c) in rates if m == OURS})
+    per_run = [run_rates(run) for run in runs]
+    levels = sorted(
+        {(t, c) for rates in per_run for (row, t), by_level in rates.items() if row == OURS
+         for c in by_level}
+    )  # fmt: skip
     for other in OTHERS:
         print(f"\n`dcoco` over {other}: per run ({', '.join(run.name for run in runs)}), mean")
         print("| T | streams | per run | mean |\n|--:|--:|---|--:|")
         for t, c in levels:
             ratios = [
-                rates[(OURS, t, c)] / rates[(other, t, c)]
+                rates[(OURS, t)][c] / rates[(other, t)][c]
                 for rates in per_run
-                if (OURS, t, c) in rates and (other, t, c) in rates
+                if c in rates.get((OURS, t), {}) and c in rates.get((other, t), {})
             ]
             if ratios:
                 shown = " / ".join(f"{r:.3f}" for r in ratios)

@@ -31,7 +31,7 @@ import dcoco.serving.vllm_no_draft as no_draft
 from dcoco.models.loading import resolve_target
 from dcoco.paths import checkpoints_dir
 from dcoco.serving.auto_schedule import probe_prompts
-from dcoco.serving.draft_schedule import parse_pair, schedule_env
+from dcoco.serving.draft_schedule import OPEN_END, parse_pair, schedule_env
 from dcoco.serving.vllm_queue import queue_rate
 
 SECONDS: collections.Counter = collections.Counter()
@@ -62,19 +62,7 @@ def main(checkpoint: str, k: int, batch: int, prompts_file: str) -> None:
     for name in ("select_draft", "add_copy_bonus", "point_mass_logits"):
         setattr(model, name, timed(name, getattr(model, name)))
     hints._write_batch = timed("copy hints", hints._write_batch)
-    speculative = (
-        None
-        if checkpoint == "plain"
-        else {
-            "method": "dflash",
-            "model": checkpoint
-            if "/" in checkpoint
-            else str(checkpoints_dir() / TARGET / checkpoint),
-            "num_speculative_tokens": 7,
-            "num_speculative_tokens_per_batch_size": _schedule(k),
-            "disable_eagle_block_drop": True,
-        }
-    )
+    speculative = None if checkpoint == "plain" else _speculative(checkpoint, k)
     llm = LLM(model=str(resolve_target(TARGET)), dtype="bfloat16",
               max_model_len=2048, enforce_eager=True, kv_cache_memory_bytes=1 << 30,
               max_num_seqs=32, speculative_config=speculative, seed=0)  # fmt: skip
@@ -111,7 +99,18 @@ def main(checkpoint: str, k: int, batch: int, prompts_file: str) -> None:
     )
     for name, seconds in SECONDS.most_common():
         print(f"  {name:24s} {seconds / steps * 1e3:7.2f} ms a step")
-    print("  steps without drafts:", ", ".join(f"{k} {v}" for k, v in no_draft.STEPS.items()))
+    shortcuts = ", ".join(f"{name} {count}" for name, count in no_draft.STEPS.items())
+    print("  steps without drafts:", shortcuts)
+
+
+def _speculative(checkpoint: str, k: int) -> dict:
+    return {
+        "method": "dflash",
+        "model": checkpoint if "/" in checkpoint else str(checkpoints_dir() / TARGET / checkpoint),
+        "num_speculative_tokens": 7,
+        "num_speculative_tokens_per_batch_size": _schedule(k),
+        "disable_eagle_block_drop": True,
+    }
 
 
 def _schedule(k: int) -> list:
@@ -119,7 +118,7 @@ def _schedule(k: int) -> list:
     `dcoco serve` logs it), its sampled part and ceilings put in this process's environment."""
     text = os.environ.get("DRAFT_SCHEDULE", "")
     if not text:
-        return [[1, 1 << 16, k]]
+        return [[1, OPEN_END, k]]
     os.environ.update(schedule_env(text))
     return [list(entry) for entry in parse_pair(text, max_k=7)[0]]
 
