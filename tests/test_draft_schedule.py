@@ -186,7 +186,8 @@ def test_schedule_prompts_replace_the_probes_and_key_the_cache(tmp_path, monkeyp
     record = {"category": "chat", "turns": ["Plan a picnic.", "And if it rains?"]}
     traffic.write_text(json.dumps(record) + "\n")
     probe = {"speculative": {"method": "dflash", "num_speculative_tokens": 1}}
-    assert auto_schedule.for_server("python", probe, "all-cores") == "1-:1/1-:0"
+    text, record = auto_schedule.for_server("python", probe, "all-cores")
+    assert text == "1-:1/1-:0" and json.loads(record.read_text())["schedule"] == text
     auto_schedule.for_server("python", probe, "all-cores", str(traffic))
     auto_schedule.for_server("python", probe, "all-cores", str(traffic))  # cached
     assert len(requests) == 2 and "prompts" not in requests[0]

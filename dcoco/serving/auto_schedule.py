@@ -33,10 +33,11 @@ CALIBRATION_TOKENS, CALIBRATION_BATCH, CALIBRATION_MIN_TOKENS = 128, 4, 2048
 PROBE_VERSION = 8  # bump when the probe measures differently: cached schedules are redone
 
 
-def for_server(python: str, probe: dict, layout: str, prompts_file: str = "") -> str:
-    """The `GREEDY/SAMPLED` schedule measured for a server with process `layout` (the worker gets
+def for_server(python: str, probe: dict, layout: str, prompts_file: str = "") -> tuple[str, Path]:
+    """(the `GREEDY/SAMPLED` schedule measured for a server with process `layout` (the worker gets
     every core with `all-cores`, all but one otherwise), timed on the first turns of
-    `prompts_file` (suite records, as `dcoco bench-serve --prompts` reads) or the probe's own."""
+    `prompts_file` (suite records, as `dcoco bench-serve --prompts` reads) or the probe's own;
+    the probe's record it was chosen from, for dcoco.serving.live_schedule)."""
     from dcoco.decode.cost_curve import machine_fingerprint
 
     cores = len(os.sched_getaffinity(0))
@@ -46,7 +47,7 @@ def for_server(python: str, probe: dict, layout: str, prompts_file: str = "") ->
         probe = {**probe, "prompts": probe_prompts(prompts_file)}
         key["prompts"] = hashlib.sha256(json.dumps(probe["prompts"]).encode()).hexdigest()[:16]
     text, _ = measured(python, probe, key, threads)
-    return text
+    return text, record_path(key)
 
 
 def probe_prompts(prompts_file: str) -> list[str]:
@@ -65,9 +66,7 @@ def probe_prompts(prompts_file: str) -> list[str]:
 def measured(python: str, probe: dict, key: dict, threads: int) -> tuple[str, dict]:
     """(`GREEDY/SAMPLED[@N]` schedules, the probe's record) for the served method `probe`
     describes (model, dtype, speculative config, max_model_len, kv_cache_bytes), cached by `key`."""
-    record_key = {**key, "probe_version": PROBE_VERSION}
-    digest = hashlib.sha256(json.dumps(record_key, sort_keys=True).encode()).hexdigest()[:16]
-    path = cache_dir() / "serve-schedules" / f"{digest}.json"
+    record_key, path = {**key, "probe_version": PROBE_VERSION}, record_path(key)
     if path.is_file():
         try:
             return _chosen_again(path, json.loads(path.read_text()))
@@ -88,6 +87,13 @@ def measured(python: str, probe: dict, key: dict, threads: int) -> tuple[str, di
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1))
     return schedule, record
+
+
+def record_path(key: dict) -> Path:
+    """Where the probe's record for `key` (as `measured` takes it) is cached."""
+    record_key = {**key, "probe_version": PROBE_VERSION}
+    digest = hashlib.sha256(json.dumps(record_key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / "serve-schedules" / f"{digest}.json"
 
 
 def _chosen_again(path: Path, record: dict) -> tuple[str, dict]:

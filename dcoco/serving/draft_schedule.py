@@ -38,6 +38,9 @@ CONTEXT_MARGIN_ENV = "DCOCO_K0_CONTEXT_MARGIN"
 HEAD_ENV = "DCOCO_HEAD_MAX_BATCH"  # the most running requests the draft head picks drafts for
 # carries the `/M` of `@N/M`: the same for steps whose requests are all sampled (unset: N)
 SAMPLED_HEAD_ENV = "DCOCO_SAMPLED_HEAD_MAX_BATCH"
+# carries the `auto` schedule's probe record to the plugin, which chooses the schedule again from
+# the served traffic's acceptance (dcoco.serving.live_schedule); unset: the schedule stays fixed
+LIVE_ENV = "DCOCO_LIVE_SCHEDULE"
 
 Schedule = list[tuple[int, int, int]]  # (first batch size, last batch size, K)
 

@@ -53,6 +53,7 @@ class ServeConfig:
     num_speculative_tokens: int = 0  # the most drafts per step; 0 = the drafter's block size - 1
     draft_schedule: str = "auto"  # drafts by running requests: auto | fixed | 1:7,2-:0/1-:0@4/0
     schedule_prompts: str = ""  # JSONL of suite records the auto schedule is timed on; empty: ours
+    live_schedule: bool = True  # re-choose the auto schedule from the served traffic's acceptance
     draft_vocab: str = "auto"  # drafter's LM head rows: auto | full | N (as `dcoco decode`)
     k0_context_margin: int = 1  # K = 0 steps keep the drafter's context to drafting batch + this
     max_model_len: int = 2048  # longest prompt + reply vLLM accepts
@@ -81,13 +82,16 @@ def run(config: ServeConfig) -> int:
         dtype = _fixed_dtype(config.dtype)
     else:
         layout, dtype, python, argv = _measured_setup(config)
+    from dcoco.serving.draft_schedule import CONTEXT_MARGIN_ENV, LIVE_ENV, schedule_env
+
+    live = {}  # the probe's record, for the schedule chosen again in the server
     if config.draft_schedule == "auto" and _served_spec(config).method != "plain":
-        config = replace(config, dtype=dtype, draft_schedule=_measured_schedule(config, layout))
+        schedule, record = _measured_schedule(config, layout)
+        config = replace(config, dtype=dtype, draft_schedule=schedule)
+        live = {LIVE_ENV: str(record)} if config.live_schedule else {}
         python, argv = build_command(config)
         print(shlex.join([python, *argv]), file=sys.stderr)
-    from dcoco.serving.draft_schedule import CONTEXT_MARGIN_ENV, schedule_env
-
-    env = {**layout_env(layout), **schedule_env(config.draft_schedule)}
+    env = {**layout_env(layout), **schedule_env(config.draft_schedule), **live}
     return supervise([python, *argv], {**env, CONTEXT_MARGIN_ENV: str(config.k0_context_margin)})
 
 
@@ -163,8 +167,9 @@ def _measured_setup(config: ServeConfig) -> tuple[str, str, str, list[str]]:
     return layout, dtype, python, argv
 
 
-def _measured_schedule(config: ServeConfig, layout: str) -> str:
-    """The draft schedule measured for this machine, method, precision and layout."""
+def _measured_schedule(config: ServeConfig, layout: str) -> tuple[str, Path]:
+    """(The draft schedule measured for this machine, method, precision and layout, the probe's
+    record it was chosen from)."""
     from dcoco.models.loading import resolve_target
     from dcoco.serving.auto_schedule import for_server
 
@@ -175,9 +180,10 @@ def _measured_schedule(config: ServeConfig, layout: str) -> str:
         "max_model_len": config.max_model_len,
         "kv_cache_bytes": int(config.kv_cache_gib * (1 << 30)),
     }
-    text = for_server(paths.find_vllm_python(config.python), probe, layout, config.schedule_prompts)
+    python = paths.find_vllm_python(config.python)
+    text, record = for_server(python, probe, layout, config.schedule_prompts)
     print(f"dcoco: draft schedule (requests:drafts greedy/sampled[@head]) {text}", file=sys.stderr)
-    return text
+    return text, record
 
 
 def target_name(spec: str) -> str:  # checkpoints are filed under the embedded or directory name

@@ -9,8 +9,9 @@ the head architectures (`DFlashDcocoDraftModel`, `DFlashDSparkDraftModel`,
 (`DFlashDcocoCopyDraftModel`) to `dcoco.serving.vllm_model.DcocoDFlashForCausalLM`, a subclass of
 vLLM's DFlash drafter, and wraps the DFlash proposer so that copy-hint drafters read their hints
 (dcoco.serving.vllm_hints), steps scheduled with no drafts skip the drafter's pass
-(dcoco.serving.vllm_no_draft) and sampled requests get the draft length measured for them
-(dcoco.serving.vllm_sampled_drafts).
+(dcoco.serving.vllm_no_draft), sampled requests get the draft length measured for them
+(dcoco.serving.vllm_sampled_drafts) and the `auto` schedule follows the served traffic's
+acceptance (dcoco.serving.live_schedule).
 
 How the head reaches vLLM's draft (V1 model runner, `speculative_config.method == "dflash"`): the
 DFlash proposer runs the drafter once over `[anchor, MASK x K]` per request, then takes
@@ -76,7 +77,13 @@ def register() -> None:
         return
     from vllm import ModelRegistry
 
-    from dcoco.serving import vllm_cpu_fixes, vllm_hints, vllm_no_draft, vllm_sampled_drafts
+    from dcoco.serving import (
+        live_schedule,
+        vllm_cpu_fixes,
+        vllm_hints,
+        vllm_no_draft,
+        vllm_sampled_drafts,
+    )
 
     vllm_cpu_fixes.install()
     known = set(ModelRegistry.get_supported_archs())
@@ -86,6 +93,7 @@ def register() -> None:
     vllm_hints.install()
     vllm_no_draft.install()
     vllm_sampled_drafts.install()
+    live_schedule.install()  # after vllm_no_draft: it wraps the engine core's post_step again
     _registered = True
 
 

@@ -58,12 +58,13 @@ class SampledAwareLookup(list):
 
     def __getitem__(self, batch_size):
         k = super().__getitem__(batch_size)
-        if k == 0 or any(not _sampled(r) for r in self.scheduler.running):
+        if k == 0 or any(not sampled_request(r) for r in self.scheduler.running):
             return k
         return min(k, sampled_drafts(batch_size))
 
 
-def _sampled(request) -> bool:
+def sampled_request(request) -> bool:
+    """Whether a vLLM request samples (a temperature above vLLM's greedy threshold)."""
     params = request.sampling_params  # None for pooling requests
     return params is not None and params.temperature >= GREEDY_BELOW
 

@@ -13,8 +13,9 @@
 # them in turn at every level (`dcoco bench-serve --servers`): ratios from the same minutes, where
 # one server after another lets the machine's drift into them.
 #
-# A method may carry `dcoco serve` flags of its own after `+` (FLAG:VALUE each), e.g.
-# `dflash@dflash+draft-vocab:full`: so two servers of one method can differ in one flag.
+# A method may carry `dcoco serve` flags of its own after `+` (FLAG:VALUE each, or FLAG alone for
+# a switch), e.g. `dflash@dflash+draft-vocab:full` or `dflash@dflash+no-live-schedule`: so two
+# servers of one method can differ in one flag.
 #
 # Usage: scripts/reproduce/bench_serve.sh   (env: METHODS, OUT, LIMIT, MAX_TOKENS, CONC, TEMPS,
 #                                            SCHEDULE, SCHEDULE_PROMPTS, ROUNDS, PORT, SERVE_FLAGS,
@@ -54,7 +55,9 @@ start_server() {  # method[+FLAG:VALUE...] port [name]: a `dcoco serve` in the b
   local own=() defaults
   if [[ $1 == *+* ]]; then
     IFS=+ read -ra own <<< "${1#*+}"
-    for flag in "${own[@]}"; do extra+=("--${flag%%:*}" "${flag#*:}"); done
+    for flag in "${own[@]}"; do  # FLAG:VALUE, or FLAG alone for a switch (no-live-schedule)
+      if [[ $flag == *:* ]]; then extra+=("--${flag%%:*}" "${flag#*:}"); else extra+=("--$flag"); fi
+    done
   fi
   case $method in
     plain) defaults=() ;;
