@@ -37,6 +37,7 @@ from dcoco.serving.draft_schedule import (
 )
 from dcoco.serving.head_ceiling import head_max_batch
 from dcoco.serving.served_acceptance import PositionCounts, with_traffic
+from dcoco.serving.vllm_no_draft import set_runner_schedule
 from dcoco.serving.vllm_sampled_drafts import (
     SampledAwareLookup,
     sampled_request,
@@ -54,6 +55,7 @@ class LiveSchedule:
 
     def __init__(self, record: dict):
         self.record = record
+        self.has_head = bool(record.get("head_off"))  # a head method's record times it off too
         self.text = record["schedule"]
         self.counts: dict[tuple[str, bool], PositionCounts] = {}
         self.since_choice, self.chosen_at = 0, time.monotonic()
@@ -61,7 +63,7 @@ class LiveSchedule:
     def observe(self, sampled: bool, head_picked: bool, drafts: int, accepted: int) -> None:
         """One verified block; `head_picked` False counts towards the record's `head_off` rates
         (a method without a head has none: its drafter's own are the record's `acceptance`)."""
-        key = ("1" if sampled else "0", head_picked or not self.record.get("head_off"))
+        key = ("1" if sampled else "0", head_picked or not self.has_head)
         self.counts.setdefault(key, PositionCounts()).observe(drafts, accepted)
         self.since_choice += 1
 
@@ -107,9 +109,7 @@ def apply_in_worker(worker, text: str) -> None:
     """`collective_rpc` target: the worker process's environment and its runner's schedule."""
     set_environment(text)
     runner = getattr(worker, "worker", worker).model_runner  # vLLM's wrapper or the worker
-    greedy, _ = parse_pair(text, OPEN_END)
-    runner.speculative_config.num_speculative_tokens_per_batch_size = [list(r) for r in greedy]
-    runner.__dict__.pop("dcoco_context_limit", None)  # made again from the new schedules
+    set_runner_schedule(runner, _greedy_rows(text))
 
 
 def apply_in_engine(engine_core, text: str) -> None:
@@ -118,9 +118,8 @@ def apply_in_engine(engine_core, text: str) -> None:
 
     set_environment(text)
     scheduler = engine_core.scheduler
-    greedy, _ = parse_pair(text, OPEN_END)
     dense = build_dynamic_sd_schedule_lookup(
-        [list(r) for r in greedy],
+        _greedy_rows(text),
         scheduler.scheduler_config.max_num_seqs,
         scheduler.num_spec_tokens,
     )
@@ -128,6 +127,12 @@ def apply_in_engine(engine_core, text: str) -> None:
     scheduler.dynamic_sd_lookup = SampledAwareLookup(dense, scheduler) if sampled else dense
     engine_core.model_executor.collective_rpc(apply_in_worker, args=(text,))
     print(f"dcoco: draft schedule now {text} (the served acceptance)", file=sys.stderr, flush=True)
+
+
+def _greedy_rows(text: str) -> list[list[int]]:
+    """`GREEDY/SAMPLED@N/M` -> the greedy schedule as vLLM's config writes it."""
+    greedy, _ = parse_pair(text, OPEN_END)
+    return [list(r) for r in greedy]
 
 
 def install() -> None:

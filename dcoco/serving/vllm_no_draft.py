@@ -192,6 +192,14 @@ def _context_limit(runner, all_sampled: bool) -> int:
     return limits[all_sampled]
 
 
+def set_runner_schedule(runner, schedule: list[list[int]]) -> None:
+    """The runner's batch-size schedule replaced in place (the schedule probe between its cells,
+    dcoco.serving.live_schedule when the served schedule moves); `_context_limit` is made again
+    from it at the next step."""
+    runner.speculative_config.num_speculative_tokens_per_batch_size = schedule
+    runner.__dict__.pop("dcoco_context_limit", None)
+
+
 def _verifies_drafts(metadata) -> bool:
     """vLLM builds speculative metadata every step; drafts were verified if any row had some."""
     return metadata is not None and metadata.max_spec_len != 0

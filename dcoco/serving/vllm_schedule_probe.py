@@ -39,6 +39,7 @@ import sys
 from pathlib import Path
 
 from dcoco.serving.draft_schedule import HEAD_ENV, SAMPLED_HEAD_ENV
+from dcoco.serving.vllm_no_draft import set_runner_schedule
 from dcoco.serving.vllm_queue import queue_rate, spec_counts
 
 # Our own prompts (no benchmark suite's): code, arithmetic, explanation and chat, so the probe's
@@ -166,9 +167,7 @@ def _set_drafts(llm, k: int) -> None:
     engine = llm.llm_engine  # the engine core and the worker are in this process
     lookup = engine.engine_core.engine_core.scheduler.dynamic_sd_lookup
     lookup[:] = [k] * len(lookup)
-    runner = engine.model_executor.driver_worker.worker.model_runner
-    runner.speculative_config.num_speculative_tokens_per_batch_size = [[1, 1 << 16, k]]
-    runner.__dict__.pop("dcoco_context_limit", None)
+    set_runner_schedule(engine.model_executor.driver_worker.worker.model_runner, [[1, 1 << 16, k]])
 
 
 @contextlib.contextmanager
