@@ -133,3 +133,11 @@ def test_probe_times_every_k_and_the_head_off_in_alternation_batch_by_batch():
         places = [n % 3 for n, (_, v) in enumerate(order) if v == variant]
         assert sum(places) / len(places) == 1  # the middle of three, on average
     assert cell_order([1, 4], [(0, True)]) == [(1, (0, True)), (4, (0, True))]
+    # a second pass runs the first backwards (A B B A): over both, every cell sits as far from
+    # the probe's middle on average, so a drift over the whole probe hits every cell alike
+    twice = cell_order([1, 2, 4, 8], variants, passes=2)
+    assert twice == order + order[::-1]
+    middle = (len(twice) - 1) / 2
+    for cell in order:
+        places = [n for n, c in enumerate(twice) if c == cell]
+        assert len(places) == 2 and sum(places) / 2 == middle

@@ -149,6 +149,7 @@ def test_schedule_probe_times_every_cell_through_its_queue(monkeypatch):
         "max_tokens": 8,
         "min_tokens": 16,
         "queue_rounds": 1,
+        "passes": 2,
         "calibration": {"max_tokens": 16, "batch": 2, "min_tokens": 32},
         "head": True,  # the corrector: the drafting cells again with it off
     }
@@ -164,12 +165,12 @@ def test_schedule_probe_times_every_cell_through_its_queue(monkeypatch):
     monkeypatch.setattr(vllm_schedule_probe, "queue_rate", recorded)
     summary = vllm_schedule_probe.measure(request)
     # one engine: after the warm-up and the calibrations (at K = 3), the cells of every K, with
-    # and without the head, in alternation batch by batch, the engine's K switched between them
-    assert queues[-9:] == [
-        (1, 0, None), (1, 3, None), (1, 3, "0"), (3, 3, "0"), (3, 3, None), (3, 0, None),
-        (2, 0, None), (2, 3, None), (2, 3, "0"),  # T = 1
-    ]  # fmt: skip
-    assert all(k == 3 for _, k, _ in queues[:-9])
+    # and without the head, in alternation batch by batch, the engine's K switched between them,
+    # in two passes, the second the first backwards
+    greedy = [(1, 0, None), (1, 3, None), (1, 3, "0"), (3, 3, "0"), (3, 3, None), (3, 0, None)]
+    sampled = [(2, 0, None), (2, 3, None), (2, 3, "0")]
+    assert queues[-18:] == greedy + greedy[::-1] + sampled + sampled[::-1]
+    assert all(k == 3 for _, k, _ in queues[:-18])
     # the calibrations, at each T with the head and then without
     assert [head for _, _, head in queues[1:5]] == [None, None, "0", "0"]
     rates = summary["rates"]
@@ -179,6 +180,12 @@ def test_schedule_probe_times_every_cell_through_its_queue(monkeypatch):
     assert all(rate > 0 for rate in cells)
     steps = summary["step_s"]
     assert set(steps["0"]["3"]) == {"1", "3"} and all(s > 0 for s in steps["1"]["0"].values())
+    # each cell's step time is its faster pass's
+    passes = summary["step_s_passes"]
+    for t, by_k in steps.items():
+        for k, by_batch in by_k.items():
+            assert all(len(passes[t][k][b]) == 2 for b in by_batch)
+            assert all(by_batch[b] == min(passes[t][k][b]) for b in by_batch)
     # how often each of the 3 draft positions was accepted, at T = 0 and T = 1: rates that fall
     # along the block (a position is reached only through the ones before it)
     for temperature in ("0", "1"):

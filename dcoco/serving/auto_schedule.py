@@ -27,10 +27,11 @@ PROBE_SAMPLED_BATCHES = (1, 2, 4)  # beyond these the greedy schedule already dr
 PROBE_TOKENS = 48  # tokens per request in the probe's queue
 PROBE_MIN_TOKENS = 256  # a timed cell runs until its requests have produced at least this many,
 PROBE_QUEUE_ROUNDS = 1  # and at least this many times batch size x PROBE_TOKENS
+PROBE_PASSES = 2  # every cell timed this often, the passes in mirrored order, its fastest kept
 # How often each draft position is accepted: requests of up to CALIBRATION_TOKENS tokens, replies
 # to their end, CALIBRATION_BATCH in flight, until they have produced CALIBRATION_MIN_TOKENS.
 CALIBRATION_TOKENS, CALIBRATION_BATCH, CALIBRATION_MIN_TOKENS = 128, 4, 2048
-PROBE_VERSION = 8  # bump when the probe measures differently: cached schedules are redone
+PROBE_VERSION = 9  # bump when the probe measures differently: cached schedules are redone
 
 
 def for_server(python: str, probe: dict, layout: str, prompts_file: str = "") -> tuple[str, Path]:
@@ -79,7 +80,8 @@ def measured(python: str, probe: dict, key: dict, threads: int) -> tuple[str, di
         "schedule": schedule,
         "tokens_per_s": rates,  # b x tau(K) / step(b, K), what the schedule was chosen from
         "measured_tokens_per_s": summary["rates"],  # at the probe's own acceptance
-        "step_s": summary["step_s"],
+        "step_s": summary["step_s"],  # each cell's fastest pass
+        "step_s_passes": summary.get("step_s_passes"),  # every pass, to see the noise
         "acceptance": summary["acceptance"],
         "head_off": summary.get("head_off"),  # the drafter's own top-1 (head methods), by T
         "key": record_key,
@@ -121,6 +123,7 @@ def _probe_request(probe: dict) -> dict:
         "max_tokens": PROBE_TOKENS,
         "min_tokens": PROBE_MIN_TOKENS,
         "queue_rounds": PROBE_QUEUE_ROUNDS,
+        "passes": PROBE_PASSES,
         "calibration": {
             "max_tokens": CALIBRATION_TOKENS,
             "batch": CALIBRATION_BATCH,

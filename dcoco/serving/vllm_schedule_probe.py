@@ -17,6 +17,10 @@ measures their product noisily and at the probe's own acceptance:
   once. Versions 5 and 6 gave each K an engine of its own, minutes apart (5 also timed every cell
   with the head before any without), and the machine's drift between them (an engine also speeds
   up over its first cells: prefix cache, memory) moved schedules from one probe to the next.
+  Every cell is timed in `passes` passes, each pass the previous one's order reversed, and keeps
+  its fastest (version 9): a busy machine only ever slows a cell, and on a noisy VM (Intel Xeon
+  model 207, 2026-12-05) one pass's cells were off by up to 40%, so two probes of one method chose
+  different schedules. Every pass's step times are kept too (`step_s_passes`).
 - **τ(K)**: at the longest K, before any cell, `calibration` requests (replies to their end, up
   to its `max_tokens`) at T = 0 and T = 1 give how often each draft position is accepted; a block
   drafter's first K drafts do not depend on how many more it drafts, so τ(K) = 1 + the sum of the
@@ -41,6 +45,8 @@ from pathlib import Path
 from dcoco.serving.draft_schedule import HEAD_ENV, SAMPLED_HEAD_ENV
 from dcoco.serving.vllm_no_draft import set_runner_schedule
 from dcoco.serving.vllm_queue import queue_rate, spec_counts
+
+CELL_FIELDS = ("rates", "step_s", "step_s_passes")  # what each timed cell gives, by T, K, batch
 
 # Our own prompts (no benchmark suite's): code, arithmetic, explanation and chat, so the probe's
 # acceptance is a mix like a server's. `dcoco serve --schedule-prompts` replaces them with a
@@ -83,7 +89,8 @@ PROMPTS = (
 
 def measure(request: dict) -> dict:
     """Per temperature T, draft length K and batch size b: {"rates": {T: {K: {b: tokens/s}}},
-    "step_s": {T: {K: {b: seconds a step}}}, "acceptance": {T: [rate of draft position 1, ...]}},
+    "step_s": {T: {K: {b: seconds a step}}}, "step_s_passes": {T: {K: {b: [seconds a step, one
+    per pass]}}}, "acceptance": {T: [rate of draft position 1, ...]}},
     with a draft head also "head_off": {"rates": {T: {K: {b: ..}}}, "step_s": .., "acceptance":
     {T: [..]}} (K > 0). One engine serves every cell (`_set_drafts` switches K between them)."""
     import vllm
@@ -92,8 +99,8 @@ def measure(request: dict) -> dict:
     lengths = request["draft_lengths"]  # {T: [K, ...]}
     top = max(k for ks in lengths.values() for k in ks)
     head = bool(request.get("head")) and top > 0 and "0" in lengths
-    summary: dict = {"vllm": vllm.__version__, "rates": {}, "step_s": {}, "acceptance": {}}
-    head_off: dict = {"rates": {}, "step_s": {}, "acceptance": {}}
+    summary: dict = {"vllm": vllm.__version__, "acceptance": {}, **{n: {} for n in CELL_FIELDS}}
+    head_off: dict = {"acceptance": {}, **{name: {} for name in CELL_FIELDS}}
     llm = _engine(request, top)
     try:
         prompts = _chat_prompts(llm, request)
@@ -108,12 +115,12 @@ def measure(request: dict) -> dict:
         for t, ks in lengths.items():
             off = [(k, False) for k in ks if k > 0] if head else []
             variants = [(k, True) for k in ks] + off
-            for (k, head_on), (rates, step_s) in _time_cells(llm, request, prompts, t, variants):
+            for (k, head_on), cell in _time_cells(llm, request, prompts, t, variants):
                 into = summary if head_on else head_off
-                into["rates"].setdefault(t, {})[str(k)] = rates
-                into["step_s"].setdefault(t, {})[str(k)] = step_s
+                for name, values in zip(CELL_FIELDS, cell, strict=True):
+                    into[name].setdefault(t, {})[str(k)] = values
                 label = "" if head_on else " without head"
-                print(f"dcoco: T={t}{label} K={k}: {rates}", file=sys.stderr, flush=True)
+                print(f"dcoco: T={t}{label} K={k}: {cell}", file=sys.stderr, flush=True)
     finally:
         del llm
         gc.collect()
@@ -211,22 +218,26 @@ def _warm_up(llm, request: dict, prompts: list) -> None:
     )
 
 
-def cell_order(batches: list[int], labels: list) -> list[tuple[int, object]]:
+def cell_order(batches: list[int], labels: list, passes: int = 1) -> list[tuple[int, object]]:
     """The (batch, variant) cells in the order they are timed: batch by batch, each variant once,
-    the variants' order reversed at every other batch size, so drift hits them alike."""
-    return [
+    the variants' order reversed at every other batch size, so drift hits them alike; each further
+    pass runs the previous one backwards (A B B A), so a drift over the whole probe hits every
+    cell's passes alike too."""
+    one_pass = [
         (batch, label)
         for n, batch in enumerate(batches)
         for label in (labels if n % 2 == 0 else labels[::-1])
     ]
+    return [cell for n in range(passes) for cell in (one_pass if n % 2 == 0 else one_pass[::-1])]
 
 
 def _time_cells(llm, request: dict, prompts: list, temperature: str, variants: list):
-    """[((K, head on), ({batch: tokens/s}, {batch: seconds a step})), ...]: this engine's queue
-    at each batch size and each variant, the variants timed in alternation (`cell_order`)."""
+    """[((K, head on), ({batch: tokens/s}, {batch: seconds a step}, {batch: [seconds a step per
+    pass]})), ...]: this engine's queue at each batch size and each variant, the variants timed in
+    alternation (`cell_order`), each cell's fastest pass kept."""
     batches = request["batches"] if temperature == "0" else request["sampled_batches"]
-    cells: dict = {variant: ({}, {}) for variant in variants}
-    for batch, (k, head_on) in cell_order(batches, variants):
+    cells: dict = {variant: ({}, {}, {}) for variant in variants}
+    for batch, (k, head_on) in cell_order(batches, variants, request.get("passes", 1)):
         tokens = max(request["min_tokens"], request["queue_rounds"] * batch * request["max_tokens"])
         _set_drafts(llm, k)
         with contextlib.nullcontext() if head_on else _head_switched_off():
@@ -239,8 +250,10 @@ def _time_cells(llm, request: dict, prompts: list, temperature: str, variants: l
                 batch,
                 tokens,
             )
-        rates, step_s = cells[(k, head_on)]
-        rates[str(batch)], step_s[str(batch)] = round(rate, 2), round(step, 6)
+        rates, step_s, passes = cells[(k, head_on)]
+        passes.setdefault(str(batch), []).append(round(step, 6))
+        if step <= step_s.get(str(batch), step):
+            rates[str(batch)], step_s[str(batch)] = round(rate, 2), round(step, 6)
     return list(cells.items())
 
 
