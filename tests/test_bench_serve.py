@@ -185,6 +185,57 @@ def test_several_servers_are_loaded_in_turn_level_by_level(tmp_path, drawn):
     assert "| plain | 0 | 1.00× | 1.00× |" in summary and "\n| dcoco | 0 | " in summary
 
 
+def test_levels_split_into_turns_alternate_the_servers_within_a_level(tmp_path, drawn):
+    from dcoco.eval.serving_bench import run
+
+    servers = [_serve(), _serve()]
+    a, b = (server.server_address[1] for server in servers)
+    prompts = tmp_path / "suite.jsonl"
+    records = [{"id": str(i), "category": "chat", "turns": [f"hi {i}"]} for i in range(3)]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in records))
+    config = BenchServeConfig(
+        servers=(f"plain=http://127.0.0.1:{a}", f"dflash=http://127.0.0.1:{b}"),
+        prompts=str(prompts),
+        suites="all",
+        concurrency=(1, 2),
+        rounds=4,
+        turns=2,
+        max_tokens=8,
+        warmup=False,
+        out=str(tmp_path / "out"),
+    )
+    _FakeServer.ports.clear()
+    try:
+        assert run(config) == 0
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+    # level 1: 4 requests in 2 turns of 2, A B B A; level 2: 8 requests in 2 turns of 4, A B B A
+    assert _FakeServer.ports == [a] * 2 + [b] * 4 + [a] * 2 + [a] * 4 + [b] * 8 + [a] * 4
+    for name in ("plain", "dflash"):
+        result = json.loads((tmp_path / "out" / name / "bench_serve.json").read_text())
+        levels = result["levels"]
+        assert [(lv["requests"], lv["output_tokens"], lv["turns"]) for lv in levels] == [
+            (4, 32, 2),
+            (8, 64, 2),
+        ]  # every turn's requests in one level, its counters' delta over both turns
+        assert all(lv["spec"]["tau"] == pytest.approx(2.5) for lv in levels)
+
+
+@pytest.mark.parametrize("turns", [0, 3])
+def test_turns_must_fit_the_rounds(tmp_path, turns):
+    from dcoco.eval.serving_bench import run
+
+    prompts = tmp_path / "suite.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "category": "chat", "turns": ["hi"]}) + "\n")
+    config = BenchServeConfig(
+        servers=("plain=http://127.0.0.1:9",), prompts=str(prompts), suites="all", turns=turns
+    )
+    with pytest.raises(DcocoError, match="--turns"):
+        run(config)
+
+
 @pytest.mark.parametrize("servers", [("plain",), ("a=http://x", "a=http://y"), ("=http://x",)])
 def test_servers_need_distinct_labels_and_urls(servers):
     from dcoco.eval.serving_interleave import parse_servers

@@ -39,7 +39,7 @@ from dcoco.eval.serving_bench_report import (
     ratio_table,
     spread_table,
 )
-from dcoco.eval.serving_interleave import parse_servers, turn_order
+from dcoco.eval.serving_interleave import level_turns, parse_servers, turn_order
 from dcoco.eval.serving_metrics import aggregate, spec_counters, spec_delta
 from dcoco.eval.suites import load_prompts
 from dcoco.paths import portable_record
@@ -67,6 +67,7 @@ class BenchServeConfig:
     out: str = ""  # output dir; empty = results/serve-<label>-<date>-<time>
     compare: tuple[str, ...] = ()  # bench_serve.json files: only tabulate and draw them, no load
     servers: tuple[str, ...] = ()  # LABEL=URL,...: load these in turn per level (not --url)
+    turns: int = 1  # each level's requests in this many equal turns per server, servers alternated
     plots: bool = True  # draw throughput_vs_concurrency.png (needs matplotlib)
 
 
@@ -213,7 +214,8 @@ def run_interleaved(config: BenchServeConfig) -> tuple[list[dict], Path]:
 
 def load_servers(servers: list, config, loads: tuple, dirs: dict[str, Path]) -> list[dict]:
     """Every (label, url, model) server's result over `loads` (checked_texts), each level run by
-    every server in turn (turn_order), each result rewritten into its dir after every level."""
+    every server in turn, in `config.turns` turns (level_turns, turn_order), each result rewritten
+    into its dir after every level."""
     texts, prompts = loads
     results = {name: new_result(name, url, model, config, prompts) for name, url, model in servers}
     for label, base, model in servers:
@@ -222,8 +224,21 @@ def load_servers(servers: list, config, loads: tuple, dirs: dict[str, Path]) -> 
             chat_request(base, model, texts[0], min(16, config.max_tokens), 0.0, config.timeout_s)
     levels = [(t, c) for t in config.temperatures for c in config.concurrency]
     for index, (temperature, concurrency) in enumerate(levels):
-        for label, base, model in turn_order(servers, index):
-            level = measure_level(base, model, texts, concurrency, temperature, config)
+        turns = level_turns(texts, concurrency, config.rounds, config.turns)
+        request_settings = (config.max_tokens, temperature, config.timeout_s)
+        before = {label: _counters(base) for label, base, _ in servers}
+        records: dict[str, list] = {label: [] for label, _, _ in servers}
+        walls = dict.fromkeys(records, 0.0)
+        for turn, batch in enumerate(turns):
+            for label, base, model in turn_order(servers, index * len(turns) + turn):
+                done, wall = run_level(base, model, batch, concurrency, *request_settings)
+                records[label] += done
+                walls[label] += wall
+        for label, base, _ in servers:
+            level = {"temperature": temperature, "concurrency": concurrency, "turns": len(turns)}
+            level |= aggregate(records[label], walls[label])
+            after = _counters(base)
+            level["spec"] = spec_delta(before[label], after) if before[label] and after else None
             results[label]["levels"].append(level)
             print(level_line(label, level), file=sys.stderr)
             (dirs[label] / RESULT_FILE).write_text(json.dumps(results[label], indent=2) + "\n")
@@ -239,6 +254,10 @@ def checked_texts(config: BenchServeConfig) -> tuple[list[str], list]:
         raise DcocoError("--temperatures needs numbers >= 0")
     if config.max_tokens <= 0:
         raise DcocoError("--max-tokens must be > 0")
+    if not 1 <= config.turns <= config.rounds:
+        raise DcocoError(
+            "--turns must be between 1 and --rounds (each turn keeps every stream busy)"
+        )
     prompts = load_prompts(config.data_dir, config.prompts, config.suites, config.limit)
     if not prompts:
         raise DcocoError("no prompts to send: the chosen suites are empty")
@@ -263,23 +282,6 @@ def new_result(label: str, base: str, model: str, config: BenchServeConfig, prom
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "levels": [],
     }
-
-
-def measure_level(
-    base: str, model: str, texts: list[str], concurrency: int, temperature: float, config
-) -> dict:
-    """One level against one server: its aggregates and the acceptance counters' deltas."""
-    before = _counters(base)
-    # enough requests that every stream stays busy: prompts are cycled to fill the level
-    count = max(len(texts), config.rounds * concurrency)
-    batch = [texts[i % len(texts)] for i in range(count)]
-    records, wall = run_level(
-        base, model, batch, concurrency, config.max_tokens, temperature, config.timeout_s
-    )
-    after = _counters(base)
-    level = {"temperature": temperature, "concurrency": concurrency} | aggregate(records, wall)
-    level["spec"] = spec_delta(before, after) if before and after else None
-    return level
 
 
 def _counters(base: str) -> dict | None:

@@ -13,13 +13,16 @@
 # them in turn at every level (`dcoco bench-serve --servers`): ratios from the same minutes, where
 # one server after another lets the machine's drift into them.
 #
+# TURNS=N splits each level into N turns, every server taking each turn, the order reversed from
+# turn to turn (`dcoco bench-serve --turns`): A B B A within a level for an even N.
+#
 # A method may carry `dcoco serve` flags of its own after `+` (FLAG:VALUE each, or FLAG alone for
 # a switch), e.g. `dflash@dflash+draft-vocab:full` or `dflash@dflash+no-live-schedule`: so two
 # servers of one method can differ in one flag.
 #
 # Usage: scripts/reproduce/bench_serve.sh   (env: METHODS, OUT, LIMIT, MAX_TOKENS, CONC, TEMPS,
 #                                            SCHEDULE, SCHEDULE_PROMPTS, ROUNDS, PORT, SERVE_FLAGS,
-#                                            INTERLEAVE)
+#                                            INTERLEAVE, TURNS)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 make -s venv
@@ -32,6 +35,7 @@ TEMPS=${TEMPS:-0,1}
 SCHEDULE=${SCHEDULE:-auto}   # --draft-schedule of the drafter methods (auto | fixed | 1:7,2-:0)
 SCHEDULE_PROMPTS=${SCHEDULE_PROMPTS:-held-out}  # held-out | ours | a JSONL of suite records
 ROUNDS=${ROUNDS:-2}          # requests per level: max(prompts, ROUNDS x concurrency)
+TURNS=${TURNS:-1}            # each level in this many turns per server (at most ROUNDS)
 PORT=${PORT:-8011}
 SERVE_FLAGS=${SERVE_FLAGS:-}  # more `dcoco serve` flags for every method, e.g. --layout all-cores
 LOGS=${LOGS:-runs/serve-logs}
@@ -48,7 +52,7 @@ esac
 export LD_PRELOAD="${DCOCO_VLLM_VENV:-$PWD/.venv-vllm}/lib/libiomp5.so"
 INTERLEAVE=${INTERLEAVE:-0}
 bench=(--suites gsm8k,humaneval,mtbench --limit "$LIMIT" --max-tokens "$MAX_TOKENS"
-  --concurrency "$CONC" --temperatures "$TEMPS" --rounds "$ROUNDS")
+  --concurrency "$CONC" --temperatures "$TEMPS" --rounds "$ROUNDS" --turns "$TURNS")
 start_server() {  # method[+FLAG:VALUE...] port [name]: a `dcoco serve` in the background, back
   # once healthy
   local method=${1%%+*} port=$2 name=${3:-${1//[@:\/]/-}} extra=() flag
