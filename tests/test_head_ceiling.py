@@ -141,3 +141,39 @@ def test_probe_times_every_k_and_the_head_off_in_alternation_batch_by_batch():
     for cell in order:
         places = [n for n, c in enumerate(twice) if c == cell]
         assert len(places) == 2 and sum(places) / 2 == middle
+
+
+def test_a_heads_step_is_its_head_off_twin_plus_the_heads_own_cost():
+    from dcoco.serving.head_ceiling import head_steps
+    from dcoco.serving.schedule_choice import schedule_from
+
+    acceptance = {"0": [0.6, 0.4], "1": [0.3, 0.1]}
+    off_acceptance = {"0": [0.55, 0.35], "1": [0.3, 0.1]}
+    zero = {"1": 0.030, "2": 0.034}
+    summary = {
+        # the head's own cells ran in a slow minute: 20 ms more than their twins
+        "step_s": {t: {"0": zero, "2": {"1": 0.060, "2": 0.064}} for t in ("0", "1")},
+        "acceptance": acceptance,
+        "head_off": {
+            "step_s": {t: {"2": {"1": 0.040, "2": 0.044}} for t in ("0", "1")},
+            "acceptance": off_acceptance,
+            "logits_s": {t: {"2": {"1": 0.0010, "2": 0.0011}} for t in ("0", "1")},
+        },
+        # a compute_logits call with the head: 1 ms more than without (greedy and sampled alike)
+        "logits_s": {t: {"2": {"1": 0.0020, "2": 0.0021}} for t in ("0", "1")},
+    }
+    steps = head_steps(summary, "0")
+    assert steps["2"] == {"1": pytest.approx(0.041), "2": pytest.approx(0.045)}
+    assert steps["0"] == zero  # K = 0: no head, as timed
+    # greedy: the head's +0.1 tau for 1 ms pays at both sizes; sampled: no gain, it never pays
+    text, _ = schedule_from(summary)
+    assert text.endswith("@65536/0")
+    # without the calls timed (probe version 9 and older) the head's own cells decide: 20 ms
+    # slower, it never pays
+    older = {**summary, "logits_s": None}
+    older["head_off"] = {**summary["head_off"], "logits_s": None}
+    assert head_steps(older, "0")["2"] == summary["step_s"]["0"]["2"]
+    assert schedule_from(older)[0].endswith("@0")
+    # a head cheaper per call than the drafter's own top-1 never reads below its twin
+    cheaper = {**summary, "logits_s": {t: {"2": {"1": 0.0005, "2": 0.0005}} for t in ("0", "1")}}
+    assert head_steps(cheaper, "0")["2"] == {"1": 0.040, "2": 0.044}

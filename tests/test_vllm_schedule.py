@@ -199,6 +199,11 @@ def test_schedule_probe_times_every_cell_through_its_queue(monkeypatch):
     assert all(len(head_off["acceptance"][t]) == 3 for t in ("0", "1"))
     assert head_off["acceptance"]["0"][0] > 0.2
     assert HEAD_ENV not in os.environ and SAMPLED_HEAD_ENV not in os.environ  # on again
+    # the drafter model's compute_logits timed per call in every drafting cell, head on and off
+    for cells in (summary["logits_s"], head_off["logits_s"]):
+        assert set(cells["0"]) == {"3"} and set(cells["0"]["3"]) == {"1", "3"}  # K = 0: none
+        assert set(cells["1"]["3"]) == {"2"}
+        assert all(0 < s < 1 for t in ("0", "1") for s in cells[t]["3"].values())
 
 
 @pytest.mark.vllm

@@ -31,7 +31,7 @@ PROBE_PASSES = 2  # every cell timed this often, the passes in mirrored order, i
 # How often each draft position is accepted: requests of up to CALIBRATION_TOKENS tokens, replies
 # to their end, CALIBRATION_BATCH in flight, until they have produced CALIBRATION_MIN_TOKENS.
 CALIBRATION_TOKENS, CALIBRATION_BATCH, CALIBRATION_MIN_TOKENS = 128, 4, 2048
-PROBE_VERSION = 9  # bump when the probe measures differently: cached schedules are redone
+PROBE_VERSION = 10  # bump when the probe measures differently: cached schedules are redone
 
 
 def for_server(python: str, probe: dict, layout: str, prompts_file: str = "") -> tuple[str, Path]:
@@ -82,6 +82,7 @@ def measured(python: str, probe: dict, key: dict, threads: int) -> tuple[str, di
         "measured_tokens_per_s": summary["rates"],  # at the probe's own acceptance
         "step_s": summary["step_s"],  # each cell's fastest pass
         "step_s_passes": summary.get("step_s_passes"),  # every pass, to see the noise
+        "logits_s": summary.get("logits_s"),  # a compute_logits call (a head's cost: head_off's)
         "acceptance": summary["acceptance"],
         "head_off": summary.get("head_off"),  # the drafter's own top-1 (head methods), by T
         "key": record_key,

@@ -61,3 +61,23 @@ def merged_rates(with_head: Rates, without_head: Rates, ceiling: int) -> Rates:
         batch: by_k if batch <= ceiling else {0: by_k[0], **without_head[batch]}
         for batch, by_k in with_head.items()
     }
+
+
+def head_steps(summary: dict, temperature: str) -> dict[str, dict[str, float]]:
+    """The probe's step times with the head, {K: {batch: seconds}}, at `temperature`: where the
+    probe timed the drafter model's `compute_logits` with and without the head (version 10), a
+    drafting cell is its head-off twin plus the head's extra per call (never less than the twin);
+    the head's own timed cell otherwise: the head adds a few ms to steps of 30-300 ms, so the
+    difference of two timed steps is mostly the machine's noise, that of two timed calls is not."""
+    steps, off = summary["step_s"][temperature], summary.get("head_off") or {}
+    with_head = (summary.get("logits_s") or {}).get(temperature, {})
+    without = (off.get("logits_s") or {}).get(temperature, {})
+    twins = (off.get("step_s") or {}).get(temperature, {})
+    out = {}
+    for k, by_batch in steps.items():
+        on, bare, twin = with_head.get(k, {}), without.get(k, {}), twins.get(k, {})
+        out[k] = {
+            b: round(twin[b] + max(0.0, on[b] - bare[b]), 6) if b in on and b in bare else s
+            for b, s in by_batch.items()
+        }
+    return out

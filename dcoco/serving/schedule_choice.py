@@ -37,7 +37,7 @@ from dcoco.serving.draft_schedule import (
     merged_ranges,
     with_ceiling,
 )
-from dcoco.serving.head_ceiling import choose_ceiling, merged_rates
+from dcoco.serving.head_ceiling import choose_ceiling, head_steps, merged_rates
 
 TOLERANCE = 0.02  # a shorter K within this share of the fastest wins (cheaper, as fast)
 SMOOTH_MIN_BATCHES = 5  # a K timed at this many batch sizes or more is smoothed (greedy: 6)
@@ -72,7 +72,7 @@ def schedule_from(summary: dict) -> tuple[str, dict]:
     """(`GREEDY/SAMPLED[@N[/M]]`, the predicted {T: {K: {batch: tokens/s}}} it was chosen from) of
     the probe's measurements; for a head method, the ceilings N (greedy) and M (sampled) and each
     schedule beyond its ceiling come from the cells timed without the head (`head_off`)."""
-    step_s = {t: smoothed(summary["step_s"][t]) for t in TEMPERATURES}
+    step_s = {t: smoothed(head_steps(summary, t)) for t in TEMPERATURES}
     acceptance = summary["acceptance"]
     rates = {t: predicted_rates(interpolated(step_s[t]), acceptance[t]) for t in TEMPERATURES}
     by_batch = {t: _by_batch(rates[t]) for t in TEMPERATURES}

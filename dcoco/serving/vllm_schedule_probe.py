@@ -21,6 +21,12 @@ measures their product noisily and at the probe's own acceptance:
   its fastest (version 9): a busy machine only ever slows a cell, and on a noisy VM (Intel Xeon
   model 207, 2026-12-05) one pass's cells were off by up to 40%, so two probes of one method chose
   different schedules. Every pass's step times are kept too (`step_s_passes`).
+- **the head's own cost** (version 10): a head's cell and its head-off twin differ by a few ms in
+  steps of 30-300 ms, less than one pass's noise there, so which of the two a schedule kept was
+  chance (both version-9 `dcoco` probes: the corrector off for every greedy step and on for
+  every sampled one). Every drafting cell also times the drafter model's `compute_logits` per
+  call (`logits_s`: the head's pick, or the drafter's own top-1), and the schedule reads a head's
+  step as its head-off twin's plus the difference (dcoco.serving.schedule_choice).
 - **τ(K)**: at the longest K, before any cell, `calibration` requests (replies to their end, up
   to its `max_tokens`) at T = 0 and T = 1 give how often each draft position is accepted; a block
   drafter's first K drafts do not depend on how many more it drafts, so τ(K) = 1 + the sum of the
@@ -40,51 +46,16 @@ import gc
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from dcoco.serving.draft_schedule import HEAD_ENV, SAMPLED_HEAD_ENV
+from dcoco.serving.probe_prompts import PROMPTS
 from dcoco.serving.vllm_no_draft import set_runner_schedule
 from dcoco.serving.vllm_queue import queue_rate, spec_counts
 
-CELL_FIELDS = ("rates", "step_s", "step_s_passes")  # what each timed cell gives, by T, K, batch
-
-# Our own prompts (no benchmark suite's): code, arithmetic, explanation and chat, so the probe's
-# acceptance is a mix like a server's. `dcoco serve --schedule-prompts` replaces them with a
-# sample of the server's own traffic: how often drafts are accepted decides where drafting pays.
-PROMPTS = (
-    "Write a Python function that returns the n-th Fibonacci number.",
-    "What is 17 times 23? Show the steps.",
-    "Explain what a hash table is to a beginner.",
-    "Give me three ideas for a rainy weekend.",
-    "Write a SQL query that counts orders per customer.",
-    "A train travels 60 km in 45 minutes. What is its speed in km/h?",
-    "Summarise the water cycle in a few sentences.",
-    "Write a short poem about autumn leaves.",
-    "Write a JavaScript function that removes duplicates from an array.",
-    "If a shirt costs 25 dollars after a 20% discount, what was the original price?",
-    "What are the main differences between TCP and UDP?",
-    "Suggest a name for a coffee shop and explain it.",
-    "Write a bash command that finds the ten largest files in a directory.",
-    "Sam has 3 boxes of 12 pencils and gives away 7. How many are left?",
-    "Why is the sky blue?",
-    "Write a polite email declining a meeting invitation.",
-    "Implement binary search in Python.",
-    "What is the sum of the integers from 1 to 100?",
-    "Explain recursion with an example.",
-    "List five healthy breakfast options.",
-    "Write a Python class for a simple bank account.",
-    "A rectangle is 8 cm by 5 cm. What are its area and perimeter?",
-    "How does a vaccine train the immune system?",
-    "Write a haiku about the sea.",
-    "Write a function in C that reverses a string in place.",
-    "Convert 98.6 degrees Fahrenheit to Celsius.",
-    "What causes the seasons on Earth?",
-    "Give tips for learning a new language.",
-    "Write a Python script that reads a CSV file and prints each row.",
-    "A recipe needs 3 eggs for 4 people. How many eggs for 10 people?",
-    "Describe how photosynthesis works.",
-    "Plan a one-day trip to a city you like.",
-)
+# what each timed cell gives, by T, K, batch (logits_s: seconds a compute_logits call, K > 0)
+CELL_FIELDS = ("rates", "step_s", "step_s_passes", "logits_s")
 
 
 def measure(request: dict) -> dict:
@@ -118,7 +89,8 @@ def measure(request: dict) -> dict:
             for (k, head_on), cell in _time_cells(llm, request, prompts, t, variants):
                 into = summary if head_on else head_off
                 for name, values in zip(CELL_FIELDS, cell, strict=True):
-                    into[name].setdefault(t, {})[str(k)] = values
+                    if values:  # K = 0 calls no compute_logits
+                        into[name].setdefault(t, {})[str(k)] = values
                 label = "" if head_on else " without head"
                 print(f"dcoco: T={t}{label} K={k}: {cell}", file=sys.stderr, flush=True)
     finally:
@@ -236,11 +208,12 @@ def _time_cells(llm, request: dict, prompts: list, temperature: str, variants: l
     pass]})), ...]: this engine's queue at each batch size and each variant, the variants timed in
     alternation (`cell_order`), each cell's fastest pass kept."""
     batches = request["batches"] if temperature == "0" else request["sampled_batches"]
-    cells: dict = {variant: ({}, {}, {}) for variant in variants}
+    cells: dict = {variant: ({}, {}, {}, {}) for variant in variants}
     for batch, (k, head_on) in cell_order(batches, variants, request.get("passes", 1)):
         tokens = max(request["min_tokens"], request["queue_rounds"] * batch * request["max_tokens"])
         _set_drafts(llm, k)
-        with contextlib.nullcontext() if head_on else _head_switched_off():
+        head = contextlib.nullcontext() if head_on else _head_switched_off()
+        with head, _timed_logits() as spent:
             rate, step = queue_rate(
                 llm.llm_engine,
                 lambda i: (
@@ -250,11 +223,36 @@ def _time_cells(llm, request: dict, prompts: list, temperature: str, variants: l
                 batch,
                 tokens,
             )
-        rates, step_s, passes = cells[(k, head_on)]
+        rates, step_s, passes, logits_s = cells[(k, head_on)]
         passes.setdefault(str(batch), []).append(round(step, 6))
         if step <= step_s.get(str(batch), step):
             rates[str(batch)], step_s[str(batch)] = round(rate, 2), round(step, 6)
+            if spent[1]:
+                logits_s[str(batch)] = round(spent[0] / spent[1], 7)
     return list(cells.items())
+
+
+@contextlib.contextmanager
+def _timed_logits():
+    """[seconds, calls] of the served drafter model's `compute_logits` (the draft head's pick, or
+    the drafter's own top-1) while inside; the model runs in this process."""
+    from dcoco.serving.vllm_model import DcocoDFlashForCausalLM as Model
+
+    spent, original = [0.0, 0], Model.compute_logits
+
+    def timed(self, *args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - started
+            spent[1] += 1
+
+    Model.compute_logits = timed
+    try:
+        yield spent
+    finally:
+        Model.compute_logits = original
 
 
 def _acceptance(llm, request: dict, prompts: list, temperature: float) -> list[float]:

@@ -18,8 +18,8 @@ import gc
 from dcoco.eval.suites import load_prompts
 from dcoco.models.loading import resolve_target
 from dcoco.paths import checkpoints_dir, data_dir
+from dcoco.serving.probe_prompts import PROMPTS
 from dcoco.serving.vllm_queue import queue_rate, spec_counts
-from dcoco.serving.vllm_schedule_probe import PROMPTS
 
 TARGET, CHECKPOINT = "smollm2-135m-instruct", "dcoco-joint-12k"
 CELLS = (  # (name, prompts, max tokens, ignore EOS, requests in flight)
