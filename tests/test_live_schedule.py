@@ -72,6 +72,39 @@ def test_head_and_no_head_blocks_blend_into_their_own_lists():
     assert record["acceptance"]["0"] == [0.5, 0.3]  # the record itself is left alone
 
 
+def test_a_side_the_traffic_never_ran_moves_like_the_side_it_ran():
+    from dcoco.serving.schedule_choice import schedule_from
+
+    # a head method whose probe kept the head off (K = 2: the head's step 2 ms dearer): its
+    # traffic accepts half what the probe's prompts did, on the only side it runs (head off)
+    record = {
+        **RECORD,
+        "step_s": {t: {"0": {"1": 0.030}, "2": {"1": 0.042}} for t in ("0", "1")},
+        "acceptance": {"0": [0.6, 0.4], "1": [0.3, 0.1]},
+        "head_off": {
+            "step_s": {t: {"2": {"1": 0.040}} for t in ("0", "1")},
+            "acceptance": {"0": [0.56, 0.36], "1": [0.3, 0.1]},
+        },
+    }
+    off = PositionCounts()
+    for n in range(1000):
+        off.observe(2, [0, 0, 1, 2][n % 4])  # position 1: half the blocks; 2: half of those
+    out = with_traffic(record, {("0", False): off})
+    moved = out["head_off"]["acceptance"]["0"]
+    assert moved == blended([0.56, 0.36], off) and moved[0] < 0.56
+    # the head's rates, unseen, move by the same ratio per position
+    assert out["acceptance"]["0"] == pytest.approx(
+        [0.6 * moved[0] / 0.56, 0.4 * moved[1] / 0.36], abs=1e-4
+    )
+    # so the choice between the two stays the probe's, off; left at the probe's rates, the head
+    # would have been switched on for greedy steps by the drafter's lower served rates alone
+    assert schedule_from(record)[0] == schedule_from(out)[0] == "1-:2/1-:2@0"
+    unmoved = {**out, "acceptance": record["acceptance"]}
+    assert schedule_from(unmoved)[0] == "1-:2/1-:2@65536/0"
+    # seen on both sides, or on neither: each side its own blend, as before
+    assert with_traffic(record, {})["acceptance"] == record["acceptance"]
+
+
 def test_traffic_that_accepts_more_than_the_probe_moves_the_schedule(monkeypatch):
     live = live_schedule.LiveSchedule(RECORD)
     assert live.choose() is None  # the probe's own rates: the schedule in force

@@ -70,17 +70,37 @@ def blended(prior: list[float], counts: PositionCounts | None) -> list[float]:
 
 def with_traffic(record: dict, counts: dict[tuple[str, bool], PositionCounts]) -> dict:
     """The probe's record with each acceptance list blended with the served counts, keyed by
-    (temperature class, head picked)."""
-    acceptance = {
-        t: blended(rates, counts.get((t, True))) for t, rates in record["acceptance"].items()
-    }
-    out = {**record, "acceptance": acceptance}
-    if record.get("head_off"):
-        off = record["head_off"]
-        out["head_off"] = {
-            **off,
-            "acceptance": {
-                t: blended(rates, counts.get((t, False))) for t, rates in off["acceptance"].items()
-            },
-        }
+    (temperature class, head picked). Where the traffic ran only one side of a head method at a
+    temperature (a ceiling of 0 keeps the head off at every load), the other side's probe rates
+    move by the ratio the traffic moved the seen side's (`moved_like`): left at the probe's, an
+    unseen side would be weighed against a side that learned the traffic, and a server whose
+    traffic accepts less than the probe's prompts switched its head on for that alone
+    (model-207 Xeon, 2026-12-05: `@0` -> `@0/65536` and back)."""
+    on = {t: blended(rates, counts.get((t, True))) for t, rates in record["acceptance"].items()}
+    out = {**record, "acceptance": on}
+    if not record.get("head_off"):
+        return out
+    probe_on, probe_off = record["acceptance"], record["head_off"]["acceptance"]
+    off = {t: blended(rates, counts.get((t, False))) for t, rates in probe_off.items()}
+    for t in on.keys() & off.keys():
+        seen_on, seen_off = (_seen(counts.get((t, head))) for head in (True, False))
+        if seen_off and not seen_on:
+            on[t] = moved_like(probe_on[t], probe_off[t], off[t])
+        elif seen_on and not seen_off:
+            off[t] = moved_like(probe_off[t], probe_on[t], on[t])
+    out["head_off"] = {**record["head_off"], "acceptance": off}
     return out
+
+
+def moved_like(prior: list[float], seen_prior: list[float], seen: list[float]) -> list[float]:
+    """`prior`'s rates, each position's scaled by how the traffic moved the seen side's rate there
+    (seen / seen_prior), kept at most 1 and falling along the block."""
+    rates, before = [], 1.0
+    for rate, was, now in zip(prior, seen_prior, seen, strict=False):
+        before = min(before, rate * now / was if was > 0 else rate)
+        rates.append(round(before, 4))
+    return rates + list(prior[len(rates) :])
+
+
+def _seen(counts: PositionCounts | None) -> bool:
+    return counts is not None and counts.blocks > 0
