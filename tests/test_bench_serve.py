@@ -151,7 +151,9 @@ def fake_server():
     server.server_close()
 
 
-def test_several_servers_are_loaded_in_turn_level_by_level(tmp_path, drawn):
+def _run_two_servers(tmp_path, labels, **settings) -> tuple[int, int]:
+    """`dcoco bench-serve --servers` over two fake servers labelled `labels` and 3 prompts, at 1
+    and 2 streams; their ports (every request's port lands in _FakeServer.ports, in order)."""
     from dcoco.eval.serving_bench import run
 
     servers = [_serve(), _serve()]
@@ -160,13 +162,14 @@ def test_several_servers_are_loaded_in_turn_level_by_level(tmp_path, drawn):
     records = [{"id": str(i), "category": "chat", "turns": [f"hi {i}"]} for i in range(3)]
     prompts.write_text("".join(json.dumps(r) + "\n" for r in records))
     config = BenchServeConfig(
-        servers=(f"plain=http://127.0.0.1:{a}", f"dcoco@x=http://127.0.0.1:{b}/"),
+        servers=(f"{labels[0]}=http://127.0.0.1:{a}", f"{labels[1]}=http://127.0.0.1:{b}/"),
         prompts=str(prompts),
         suites="all",
         concurrency=(1, 2),
         max_tokens=8,
         warmup=False,
         out=str(tmp_path / "out"),
+        **settings,
     )
     _FakeServer.ports.clear()
     try:
@@ -175,6 +178,11 @@ def test_several_servers_are_loaded_in_turn_level_by_level(tmp_path, drawn):
         for server in servers:
             server.shutdown()
             server.server_close()
+    return a, b
+
+
+def test_several_servers_are_loaded_in_turn_level_by_level(tmp_path, drawn):
+    a, b = _run_two_servers(tmp_path, ("plain", "dcoco@x"))
     # level 1 (3 requests): plain, then dcoco; level 2 (4 requests): the order reversed
     assert _FakeServer.ports == [a] * 3 + [b] * 3 + [b] * 4 + [a] * 4
     for name, label in (("plain", "plain"), ("dcoco-x", "dcoco@x")):
@@ -186,31 +194,7 @@ def test_several_servers_are_loaded_in_turn_level_by_level(tmp_path, drawn):
 
 
 def test_levels_split_into_turns_alternate_the_servers_within_a_level(tmp_path, drawn):
-    from dcoco.eval.serving_bench import run
-
-    servers = [_serve(), _serve()]
-    a, b = (server.server_address[1] for server in servers)
-    prompts = tmp_path / "suite.jsonl"
-    records = [{"id": str(i), "category": "chat", "turns": [f"hi {i}"]} for i in range(3)]
-    prompts.write_text("".join(json.dumps(r) + "\n" for r in records))
-    config = BenchServeConfig(
-        servers=(f"plain=http://127.0.0.1:{a}", f"dflash=http://127.0.0.1:{b}"),
-        prompts=str(prompts),
-        suites="all",
-        concurrency=(1, 2),
-        rounds=4,
-        turns=2,
-        max_tokens=8,
-        warmup=False,
-        out=str(tmp_path / "out"),
-    )
-    _FakeServer.ports.clear()
-    try:
-        assert run(config) == 0
-    finally:
-        for server in servers:
-            server.shutdown()
-            server.server_close()
+    a, b = _run_two_servers(tmp_path, ("plain", "dflash"), rounds=4, turns=2)
     # level 1: 4 requests in 2 turns of 2, A B B A; level 2: 8 requests in 2 turns of 4, A B B A
     assert _FakeServer.ports == [a] * 2 + [b] * 4 + [a] * 2 + [a] * 4 + [b] * 8 + [a] * 4
     for name in ("plain", "dflash"):

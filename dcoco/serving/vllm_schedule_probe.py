@@ -205,8 +205,9 @@ def cell_order(batches: list[int], labels: list, passes: int = 1) -> list[tuple[
 
 def _time_cells(llm, request: dict, prompts: list, temperature: str, variants: list):
     """[((K, head on), ({batch: tokens/s}, {batch: seconds a step}, {batch: [seconds a step per
-    pass]})), ...]: this engine's queue at each batch size and each variant, the variants timed in
-    alternation (`cell_order`), each cell's fastest pass kept."""
+    pass]}, {batch: seconds a compute_logits call})), ...] (CELL_FIELDS): this engine's queue at
+    each batch size and each variant, the variants timed in alternation (`cell_order`), each
+    cell's fastest pass kept (its rate and calls with it)."""
     batches = request["batches"] if temperature == "0" else request["sampled_batches"]
     cells: dict = {variant: ({}, {}, {}, {}) for variant in variants}
     for batch, (k, head_on) in cell_order(batches, variants, request.get("passes", 1)):
