@@ -9,6 +9,11 @@ verify(k + 1) + draft; k = 0 commits 1 token for verify(1). The a_i start from a
 drafter checkpoint's held-out slot accuracy, which is the unconditional rate and so errs low, or
 a flat 0.5 for prompt lookup) and are updated by the cycles this engine verifies, so a method
 whose drafts miss settles on short blocks or none.
+The curve is measured once per machine and cached, so it goes stale when the machine's speed moves
+(a VM whose neighbours got busier or quieter: on the Xeon a step(1) cached at 19.8 ms ran at 14.2
+in a later session). The engine times each cycle's verify forward; the median ratio of those
+times to the curve's over the last VERIFY_WINDOW cycles scales the whole curve (`curve_scale`),
+so k follows what a verify costs now, not what it cost when the curve was cached.
 A context mode that has drafted nothing for EXPLORE_EVERY cycles drafts once (the best k >= 1), so
 its rates keep following the text; each exploration that leaves the mode still not drafting doubles
 the wait before the next (up to MAX_EXPLORE_EVERY), and a mode that drafts again starts over. So
@@ -29,6 +34,8 @@ prompt by prompt) would otherwise over-draft the sampled replies and under-draft
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -40,6 +47,8 @@ PRIOR_WEIGHT = 8.0  # the prior counts as this many observed cycles per slot
 DRAFT_COST_DECAY = 0.9  # the proposer's cost per cycle is a running average (weight of the past)
 EXPLORE_EVERY = 8  # cycles without drafts in a mode before it drafts once to re-measure
 MAX_EXPLORE_EVERY = 64  # the longest wait that back-off reaches
+VERIFY_WINDOW = 16  # verify forwards whose median ratio to the curve scales it
+VERIFY_MIN = 3  # verify forwards timed before the scale moves from 1 (a median needs a few)
 
 
 class ContextMode(NamedTuple):
@@ -62,15 +71,20 @@ def expected_tokens(acceptance: list[float], k: int) -> float:
 
 
 def best_draft_length(
-    acceptance: list[float], curve: CostCurve, draft_ms: float, max_k: int, min_k: int = 1
+    acceptance: list[float],
+    curve: CostCurve,
+    draft_ms: float,
+    max_k: int,
+    min_k: int = 1,
+    scale: float = 1.0,
 ) -> int:
     """The k in min_k..max_k with the most expected tokens per millisecond (k = 0: a plain step,
-    no proposer pass; the cheaper k on a tie)."""
+    no proposer pass; the cheaper k on a tie), each verify costing `scale` times the curve's."""
 
     def rate(k: int) -> float:
         if k == 0:
-            return 1.0 / curve.ms(1)
-        return expected_tokens(acceptance, k) / (curve.ms(k + 1) + draft_ms)
+            return 1.0 / (scale * curve.ms(1))
+        return expected_tokens(acceptance, k) / (scale * curve.ms(k + 1) + draft_ms)
 
     return max(range(min_k, max_k + 1), key=rate)
 
@@ -95,6 +109,16 @@ class DraftLengthPolicy:
     prior: tuple[float, ...] = ()  # a_i per slot; slots beyond it get FLAT_PRIOR
     draft_ms: float = 0.0  # the proposer's cost per cycle before a mode has timed its own
     modes: dict[ContextMode, ModeCounts] = field(init=False, default_factory=dict)
+    # timed verify ms / the curve's ms for as many tokens, the last VERIFY_WINDOW cycles'
+    verify_ratios: deque = field(init=False, default_factory=lambda: deque(maxlen=VERIFY_WINDOW))
+
+    @property
+    def curve_scale(self) -> float:
+        """What a verify costs now against the cached curve: the median ratio (1 until
+        VERIFY_MIN forwards were timed; a median, so one slow first call does not move it)."""
+        if len(self.verify_ratios) < VERIFY_MIN:
+            return 1.0
+        return statistics.median(self.verify_ratios)
 
     @property
     def cycles(self) -> int:
@@ -117,7 +141,8 @@ class DraftLengthPolicy:
     def choose(self, mode: Mode = 0) -> int:
         """The best k in 0..max_k for `mode` now (no side effects)."""
         draft_ms = self.counts(mode).draft_ms
-        return best_draft_length(self.acceptance(mode), self.curve, draft_ms, self.max_k, 0)
+        acceptance, scale = self.acceptance(mode), self.curve_scale
+        return best_draft_length(acceptance, self.curve, draft_ms, self.max_k, 0, scale)
 
     def next_length(self, mode: Mode = 0) -> int:
         """The k of the next cycle: `choose`, except that after `explore_every` cycles without
@@ -133,11 +158,13 @@ class DraftLengthPolicy:
             return 0
         counts.idle = 0
         counts.explore_every = min(2 * counts.explore_every, MAX_EXPLORE_EVERY)
-        return best_draft_length(self.acceptance(mode), self.curve, counts.draft_ms, self.max_k)
+        acceptance, scale = self.acceptance(mode), self.curve_scale
+        return best_draft_length(acceptance, self.curve, counts.draft_ms, self.max_k, 1, scale)
 
     def describe(self) -> str:
         if not self.modes:
             return f"k = {self.choose()} of {self.max_k} now (nothing verified yet)"
+        scale = f"verify {self.curve_scale:.2f}x the cached curve; "
         parts = []
         for mode in sorted(self.modes, key=lambda m: (m.sampling is None, m.match), reverse=True):
             rates = " ".join(f"{a:.2f}" for a in self.acceptance(mode))
@@ -145,13 +172,24 @@ class DraftLengthPolicy:
                 f"{_mode_name(mode)}: k = {self.choose(mode)} (draft "
                 f"{self.modes[mode].draft_ms:.1f} ms; slot acceptance {rates})"
             )
-        return f"of {self.max_k} now; " + "; ".join(parts)
+        return f"of {self.max_k} now; {scale}" + "; ".join(parts)
 
-    def observe(self, proposed: int, accepted: int, draft_s: float, mode: Mode = 0) -> None:
+    def observe(
+        self,
+        proposed: int,
+        accepted: int,
+        draft_s: float,
+        mode: Mode = 0,
+        verify_s: float | None = None,
+    ) -> None:
         """A verified cycle in context `mode`: slots 1..accepted were accepted, slot
-        accepted + 1 (when proposed) was missed."""
+        accepted + 1 (when proposed) was missed; its verify forward over proposed + 1 tokens
+        took `verify_s` (None: not timed)."""
         counts = self.counts(mode)
         counts.cycles += 1
+        curve_ms = self.curve.ms(proposed + 1)
+        if verify_s is not None and verify_s > 0 and curve_ms > 0:
+            self.verify_ratios.append(verify_s * 1000 / curve_ms)
         if proposed == 0:  # a plain step: no acceptance to learn, no proposer cost
             return
         for slot in range(min(accepted + 1, proposed)):

@@ -101,13 +101,14 @@ class Engine:
             block = torch.cat([tokens[-1:], proposal.draft_tokens[0]])[None]  # [batch, 1 + slots]
             out = target.forward(block, cache, feature_layers=taps)
             verdict: Verdict = verify(proposal, out.logits, sampling, generator)
-            stats.verify_s += _elapsed(tick, device)
+            verify_s = _elapsed(tick, device)
+            stats.verify_s += verify_s
 
             # 4. commit: the accepted drafts and the corrected/bonus token.
             accepted = int(verdict.num_accepted[0])
             crop_cache(cache, tokens.shape[0] + accepted)
             committed = torch.cat([proposal.draft_tokens[0, :accepted], verdict.next_token])
-            self._record_cycle(stats, proposal.num_slots, accepted, propose_s, mode)
+            self._record_cycle(stats, proposal.num_slots, accepted, (propose_s, verify_s), mode)
             finish = self._commit_tokens(committed.tolist(), new_ids, budget, on_tokens)
             tokens = torch.cat([tokens, committed])
             new_features = _pending_features(skipped_features, out.features, accepted)
@@ -136,10 +137,12 @@ class Engine:
             )
         return proposal
 
-    def _record_cycle(self, stats, proposed: int, accepted: int, propose_s: float, mode):
+    def _record_cycle(self, stats, proposed: int, accepted: int, seconds: tuple, mode):
+        """`seconds`: the cycle's (propose, verify) time."""
         stats.record_cycle(proposed, accepted)
         if self.draft_length:
-            self.draft_length.observe(proposed, accepted, propose_s, mode)
+            propose_s, verify_s = seconds
+            self.draft_length.observe(proposed, accepted, propose_s, mode, verify_s)
 
     def _commit_tokens(self, ids, new_ids, budget, on_tokens) -> str | None:
         """Append `ids` to the output, stopping at a stop id or the budget; returns why it ended."""

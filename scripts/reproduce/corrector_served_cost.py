@@ -4,7 +4,9 @@ draft vocabulary's columns (16,000 for SmolLM2), random hidden states and logits
 not depend on their values). The corrector runs at the target's precision in the plugin (bf16);
 fp32 is the alternative timed here, with the drafter's top 16 (`greedy`) and top 4 (`greedy/4`).
 The four variants of a shape run in alternation, call after call; prints the median ms of 20 calls
-and how often the fp32 picks equal the bf16 ones. Ratios are within this one run.
+and how often the fp32 picks equal the bf16 ones. Ratios are within this one run. With PROFILE=1,
+also torch.profiler's ten costliest operators of the bf16 16-candidate call at each shape
+(self CPU time over 20 calls), to see where a call's milliseconds go.
 
 Usage: .venv/bin/python scripts/reproduce/corrector_served_cost.py [CHECKPOINT] [B x S,...]
   (defaults: dcoco-joint-12k 1x4,1x7,2x4,4x3,8x2)
@@ -12,6 +14,7 @@ Usage: .venv/bin/python scripts/reproduce/corrector_served_cost.py [CHECKPOINT] 
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -52,6 +55,8 @@ def main(checkpoint: str, shapes: list[tuple[int, int]]) -> None:
         ms = interleaved_ms(calls, CALLS, 3)
         cells = " | ".join(f"{m:.2f}" for m in ms)
         print(f"| {batch} x {slots} | {cells} | {min(same):.0%} |", flush=True)
+        if os.environ.get("PROFILE") == "1":
+            _profile(calls[0], f"{batch} x {slots}")
 
 
 def _select(head, block, rule: str, columns):
@@ -60,6 +65,16 @@ def _select(head, block, rule: str, columns):
             return head.select(*block, selection=rule, column_ids=columns)
 
     return call
+
+
+def _profile(call, shape: str) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(CALLS):
+            call()
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=10)
+    print(f"bf16, 16 candidates, {shape}, {CALLS} calls:\n{table}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,72 @@
+"""How often a drafter's draft is accepted at T = 1, drafting its argmax (what vLLM's DFlash
+proposer and ours do) or sampling from its own distribution q and verifying against q (standard
+speculative sampling), on the held-out blocks `dcoco heldout` reads.
+
+A deterministic draft x at slot j is accepted with the target's probability p_j(x); a draft
+sampled from q_j with probability sum_x min(p_j(x), q_j(x)) (Leviathan et al., 2023). Both are
+read off the same teacher-forced blocks: p_j from the target's forward over the held-out reply,
+q_j from the drafter's pass, both at T = 1. Past slot 1 the target's p_j is conditioned on the
+greedy reply's tokens, not on the sampled drafts: slot 1 is exact, the later slots are an
+estimate. Prints the per-slot means and the τ they imply for k drafts (slots independent).
+
+Usage: .venv/bin/python scripts/reproduce/sampled_acceptance.py [CHECKPOINT] [RECORDS]
+  (defaults: dflash 32; the shared corpus of SmolLM2, as `dcoco heldout`)
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from dcoco.data.distill import load_corpus, split_heldout
+from dcoco.decode.methods import MethodOptions, build_proposer
+from dcoco.models.loading import DEFAULT_TARGET, load_target
+from dcoco.paths import default_corpus
+from dcoco.train.block_pass import AnchorRule, block_chunks, prepare_item
+from dcoco.train.target_features import TargetFeatures
+
+
+def main(checkpoint: str, records: int) -> None:
+    torch.manual_seed(0)
+    target = load_target(DEFAULT_TARGET, "fp32")
+    drafter = build_proposer(f"dflash@{checkpoint}", target, MethodOptions()).drafter
+    features = TargetFeatures(target, drafter.config.target_layer_ids, "")
+    _, heldout = split_heldout(load_corpus(default_corpus(DEFAULT_TARGET)), records)
+    block, generator = drafter.config.block_size, torch.Generator().manual_seed(0)
+    argmax_rates, sampled_rates = [], []  # [blocks, slots] each
+    with torch.no_grad():
+        for sample in heldout:
+            if len(sample.response_ids) < block:
+                continue
+            item = prepare_item(sample, features, AnchorRule(64), block, generator, 0, "cpu")
+            logits = target.forward(item.ids[None], target.new_cache()).logits[0]  # [tokens, V]
+            for chunk, anchors in zip(
+                block_chunks(drafter, item, 32), item.anchors.split(32), strict=True
+            ):
+                draft = drafter.logits(chunk.hidden, chunk.hint_ids).float().softmax(-1)
+                slots = torch.arange(draft.shape[1])
+                # p_j: the target's next-token distribution at anchor + j - 1, j = 1..slots
+                p = logits[anchors[:, None] + slots[None]].float().softmax(-1)  # [n, slots, V]
+                top = draft.argmax(-1, keepdim=True)
+                argmax_rates.append(p.gather(-1, top).squeeze(-1))
+                sampled_rates.append(torch.minimum(p, draft).sum(-1))
+    for name, rates in (("argmax", argmax_rates), ("sampled", sampled_rates)):
+        per_slot = torch.cat(rates).mean(0).tolist()
+        taus = [1 + sum(_prefix(per_slot, j) for j in range(1, k + 1)) for k in (1, 2, 3, 7)]
+        cells = " ".join(f"{a:.3f}" for a in per_slot)
+        print(f"{checkpoint} {name:8s} slot acceptance {cells} | tau k=1,2,3,7: "
+              + " ".join(f"{t:.2f}" for t in taus))  # fmt: skip
+    print(f"({torch.cat(argmax_rates).shape[0]} blocks, {len(heldout)} records, T = 1)")
+
+
+def _prefix(rates: list[float], j: int) -> float:
+    out = 1.0
+    for rate in rates[:j]:
+        out *= rate
+    return out
+
+
+if __name__ == "__main__":
+    arguments = sys.argv[1:]
+    main(arguments[0] if arguments else "dflash", int(arguments[1]) if len(arguments) > 1 else 32)
