@@ -187,9 +187,8 @@ class DraftLengthPolicy:
         took `verify_s` (None: not timed)."""
         counts = self.counts(mode)
         counts.cycles += 1
-        curve_ms = self.curve.ms(proposed + 1)
-        if verify_s is not None and verify_s > 0 and curve_ms > 0:
-            self.verify_ratios.append(verify_s * 1000 / curve_ms)
+        if verify_s is not None and verify_s > 0:
+            self.verify_ratios.append(verify_s * 1000 / self.curve.ms(proposed + 1))
         if proposed == 0:  # a plain step: no acceptance to learn, no proposer cost
             return
         for slot in range(min(accepted + 1, proposed)):

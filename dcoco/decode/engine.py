@@ -108,7 +108,7 @@ class Engine:
             accepted = int(verdict.num_accepted[0])
             crop_cache(cache, tokens.shape[0] + accepted)
             committed = torch.cat([proposal.draft_tokens[0, :accepted], verdict.next_token])
-            self._record_cycle(stats, proposal.num_slots, accepted, (propose_s, verify_s), mode)
+            self._record_cycle(stats, proposal.num_slots, accepted, propose_s, verify_s, mode)
             finish = self._commit_tokens(committed.tolist(), new_ids, budget, on_tokens)
             tokens = torch.cat([tokens, committed])
             new_features = _pending_features(skipped_features, out.features, accepted)
@@ -137,11 +137,9 @@ class Engine:
             )
         return proposal
 
-    def _record_cycle(self, stats, proposed: int, accepted: int, seconds: tuple, mode):
-        """`seconds`: the cycle's (propose, verify) time."""
+    def _record_cycle(self, stats, proposed: int, accepted: int, propose_s, verify_s, mode):
         stats.record_cycle(proposed, accepted)
         if self.draft_length:
-            propose_s, verify_s = seconds
             self.draft_length.observe(proposed, accepted, propose_s, mode, verify_s)
 
     def _commit_tokens(self, ids, new_ids, budget, on_tokens) -> str | None:

@@ -20,6 +20,7 @@ import sys
 import torch
 
 from dcoco.data.distill import load_corpus, split_heldout
+from dcoco.decode.draft_length import expected_tokens
 from dcoco.decode.methods import MethodOptions, build_proposer
 from dcoco.models.loading import DEFAULT_TARGET, load_target
 from dcoco.paths import default_corpus
@@ -53,18 +54,11 @@ def main(checkpoint: str, records: int) -> None:
                 sampled_rates.append(torch.minimum(p, draft).sum(-1))
     for name, rates in (("argmax", argmax_rates), ("sampled", sampled_rates)):
         per_slot = torch.cat(rates).mean(0).tolist()
-        taus = [1 + sum(_prefix(per_slot, j) for j in range(1, k + 1)) for k in (1, 2, 3, 7)]
+        taus = [expected_tokens(per_slot, k) for k in (1, 2, 3, 7)]
         cells = " ".join(f"{a:.3f}" for a in per_slot)
         print(f"{checkpoint} {name:8s} slot acceptance {cells} | tau k=1,2,3,7: "
               + " ".join(f"{t:.2f}" for t in taus))  # fmt: skip
     print(f"({torch.cat(argmax_rates).shape[0]} blocks, {len(heldout)} records, T = 1)")
-
-
-def _prefix(rates: list[float], j: int) -> float:
-    out = 1.0
-    for rate in rates[:j]:
-        out *= rate
-    return out
 
 
 if __name__ == "__main__":
