@@ -50,6 +50,8 @@ def test_serve_command_for_a_drafter(serve_dirs):
         "model": str(drafter.resolve()),
         "num_speculative_tokens": 7,
         "disable_eagle_block_drop": True,  # a DFlash drafter keeps the whole prefix-cache hit
+        # vLLM's stock DFlash drafter (this one's architecture) has no get_top_tokens
+        "use_local_argmax_reduction": False,
     }
     assert argv[argv.index("--per-request-spec-decode-metrics") + 1] == "summary"
     assert "--enforce-eager" in argv and argv[-2:] == ["--max-num-batched-tokens", "512"]
@@ -98,7 +100,9 @@ def test_serve_takes_method_specs_with_a_selection_and_a_checkpoint(
     (drafter / "config.json").write_text(json.dumps(config))
     spec = ServeConfig(method=f"dcoco:global@{drafter}", target=str(target), python="/opt/py")
     _, argv = build_command(spec)
-    view = Path(json.loads(argv[argv.index("--speculative-config") + 1])["model"])
+    served = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert served["use_local_argmax_reduction"]  # our model class hands over its token ids
+    view = Path(served["model"])
     # vLLM gets a view of the checkpoint whose config names the rule; the checkpoint is untouched.
     assert view.is_relative_to(tmp_path / "cache") and view != drafter.resolve()
     assert json.loads((view / "config.json").read_text()) == {**config, SELECTION_KEY: "global"}

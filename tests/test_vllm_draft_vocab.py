@@ -33,10 +33,11 @@ ENV = {
 
 
 def _install(worker) -> None:
-    """Log every draft the drafter returns (its logits' argmax) and the width the head reads."""
+    """Log every draft the drafter returns (its logits' argmax, or the token ids get_top_tokens
+    hands over) and the width the head reads."""
     model = worker.model_runner.drafter.model
     model.dcoco_test_drafts, model.dcoco_test_widths = [], []
-    compute_logits = model.compute_logits
+    compute_logits, get_top_tokens = model.compute_logits, model.get_top_tokens
 
     def logged(hidden_states):
         logits = compute_logits(hidden_states)
@@ -44,7 +45,12 @@ def _install(worker) -> None:
             model.dcoco_test_drafts.extend(logits.argmax(-1).tolist())
         return logits
 
-    model.compute_logits = logged
+    def logged_ids(hidden_states):
+        ids = get_top_tokens(hidden_states)
+        model.dcoco_test_drafts.extend(ids.tolist())
+        return ids
+
+    model.compute_logits, model.get_top_tokens = logged, logged_ids
     head = getattr(model, "head", None)
     if head is not None:
         select = head.select
@@ -102,9 +108,13 @@ def test_a_draft_vocabulary_drafts_inside_it_and_keeps_greedy_output(monkeypatch
     vocab = ServedVocab(token_ids, resolve_target(TARGET))
     plain, _ = _generate(None)
     kept = set(token_ids.tolist())
-    for checkpoint, width in (("dflash-mask", None), ("dcoco-joint-12k", VOCAB)):
+    # vLLM's argmax over the spread logits for one, the token ids from get_top_tokens (as `dcoco
+    # serve` configures it) for the other
+    cases = (("dflash-mask", None, False), ("dcoco-joint-12k", VOCAB, True))
+    for checkpoint, width, local_argmax in cases:
         model = served_view(checkpoints_dir() / TARGET / checkpoint, None, vocab)
-        speculative = {"method": "dflash", "model": str(model), "num_speculative_tokens": 7}
+        speculative = {"method": "dflash", "model": str(model), "num_speculative_tokens": 7,
+                       "use_local_argmax_reduction": local_argmax}  # fmt: skip
         ids, record = _generate(speculative)
         assert ids == plain, checkpoint
         assert record["head_rows"] == VOCAB  # vLLM kept the view's rows, not the target's head

@@ -13,6 +13,7 @@ from dcoco.decode.proposers import DraftContext
 from dcoco.errors import DcocoError
 from dcoco.models.copy_hints import context_hints
 from dcoco.models.drafter import BlockDrafter
+from dcoco.models.row_reduce import row_argmax
 
 
 class DFlashProposer:
@@ -40,7 +41,7 @@ class DFlashProposer:
 
     def propose(self, context: DraftContext) -> Proposal:
         logits, _hidden = self.draft_block(context)  # [batch, slots, vocab or N columns]
-        return Proposal(draft_tokens=self.drafter.token_ids(logits.argmax(dim=-1)))
+        return Proposal(draft_tokens=self.drafter.token_ids(row_argmax(logits)))
 
     def draft_block(self, context: DraftContext) -> tuple[Tensor, Tensor]:
         """One drafter pass: logits [batch, slots, vocab] (or the draft vocabulary's columns,

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from dcoco.contracts import SamplingParams
+from dcoco.models.row_reduce import row_argmax
 
 
 def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:
@@ -55,5 +56,5 @@ def sample_from_logits(
     """Argmax when greedy, otherwise a draw from the filtered distribution."""
     # [..., vocab] -> [...] int64
     if params.greedy:
-        return logits.argmax(dim=-1)
+        return row_argmax(logits)  # = logits.argmax(dim=-1), several times cheaper on a CPU
     return sample(logits_to_probs(logits, params), generator)

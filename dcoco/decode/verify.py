@@ -21,6 +21,7 @@ from torch import Tensor
 
 from dcoco.contracts import Proposal, SamplingParams, Verdict
 from dcoco.decode.sampling import logits_to_probs, sample
+from dcoco.models.row_reduce import row_argmax
 
 
 def _check_block(draft_tokens: Tensor, target: Tensor, name: str) -> None:
@@ -41,7 +42,7 @@ def verify_greedy(draft_tokens: Tensor, target_logits: Tensor) -> Verdict:
     """Accept drafts while they equal the target argmax; then emit the target argmax."""
     _check_block(draft_tokens, target_logits, "target_logits")
     slots = draft_tokens.shape[1]
-    target_tokens = target_logits.argmax(dim=-1)  # [batch, slots + 1]
+    target_tokens = row_argmax(target_logits)  # [batch, slots + 1], = argmax(dim=-1)
     matches = draft_tokens == target_tokens[:, :slots]  # [batch, slots]
     # cumprod zeroes every slot after the first mismatch, so the sum is the accepted prefix.
     accepted = matches.long().cumprod(dim=1)  # [batch, slots]

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from dcoco.models.row_reduce import row_topk
+
 FEATURES = ("logit", "normalised")
 FEATURE_WIDTH = {"logit": 1, "normalised": 7}
 # Slots per chunk of the vocabulary-wide reductions: each full-size fp32 temporary of a large
@@ -30,9 +32,9 @@ def top_candidates(
     values, ids, normalisers = [], [], []
     for start in range(0, rows.shape[0], CHUNK_SLOTS):
         chunk = rows[start : start + CHUNK_SLOTS].float()
-        top = chunk.topk(top_k, dim=-1)
-        values.append(top.values)
-        ids.append(top.indices)
+        top_values, top_ids = row_topk(chunk, top_k)
+        values.append(top_values)
+        ids.append(top_ids)
         if normaliser:
             normalisers.append(chunk.logsumexp(dim=-1))
     shape = logits.shape[:-1]

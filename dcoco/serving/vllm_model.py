@@ -42,6 +42,7 @@ from dcoco.models.drafter_io import COPY_ARCHITECTURE, HEAD_ARCHITECTURES, HEAD_
 from dcoco.models.head_io import HEAD_KEY, SELECTION_KEY
 from dcoco.models.head_registry import build_head
 from dcoco.models.heads import select_draft
+from dcoco.models.row_reduce import row_argmax
 from dcoco.models.selection import check_selection
 from dcoco.serving.head_ceiling import head_max_batch
 from dcoco.serving.vllm_plugin import point_mass_logits, request_layout
@@ -127,13 +128,32 @@ class DcocoDFlashForCausalLM(DFlashQwen3ForCausalLM):
     def compute_logits(self, hidden_states: Tensor) -> Tensor | None:
         """hidden_states [requests * slots, hidden] (request-major mask rows) -> logits whose
         argmax per row is the draft token: the copy gate's bonus added, the head's choice."""
+        logits, chosen = self._draft(hidden_states)
+        if chosen is not None:
+            return point_mass_logits(chosen, logits, self.config.vocab_size)
+        return logits if logits is None or self._column_ids is None else self._spread(logits)
+
+    def get_top_tokens(self, hidden_states: Tensor) -> Tensor:
+        """The draft token ids [requests * slots] themselves, which vLLM's proposer asks for in
+        place of compute_logits(...).argmax(-1) under `use_local_argmax_reduction` (as `dcoco
+        serve` configures it): no logits over every token are built and searched. The same
+        tokens, ties aside: the first maximal column here, the first maximal token id there."""
+        logits, chosen = self._draft(hidden_states)
+        if chosen is not None:
+            return chosen
+        columns = row_argmax(logits)  # [rows] draft-vocabulary columns, or token ids
+        return columns if self._column_ids is None else self._column_ids[columns]
+
+    def _draft(self, hidden_states: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        """The drafter's logits [rows, vocab or N columns] with the copy gate's bonus, and the
+        head's token ids [rows] (None where the drafter's own top-1 is the draft)."""
         column_ids = self._column_ids  # [N]: a draft vocabulary's token ids, None: every row
         if column_ids is None:
             logits = super().compute_logits(hidden_states)
-        else:  # over the vocabulary's columns; spread over every token below
+        else:  # over the vocabulary's columns; spread over every token by the callers
             logits = self.logits_processor(self.lm_head, hidden_states)
         if logits is None or self._input_ids is None or hidden_states.shape[0] == 0:
-            return logits if logits is None or column_ids is None else self._spread(logits)
+            return logits, None
         mask = self._mask_token_id
         requests, slots = request_layout(
             self._input_ids,
@@ -148,17 +168,16 @@ class DcocoDFlashForCausalLM(DFlashQwen3ForCausalLM):
             bonus = self.copy_gate(hidden_states).squeeze(-1).float()  # [rows]
             logits = add_copy_bonus(logits.float(), bonus, hint_columns).to(logits.dtype)
         if self.head is None or requests > head_max_batch(self.sampled_step):  # drafter's top-1
-            return logits if column_ids is None else self._spread(logits)
-        anchor_ids = blocks[:, 0]
+            return logits, None
         chosen = select_draft(
             self.head,
             hidden_states.view(requests, slots, -1),
             logits.view(requests, slots, logits.shape[-1]),
-            anchor_ids,
+            blocks[:, 0],  # the anchors
             self._selection,
             column_ids,
         )  # [requests, slots] token ids
-        return point_mass_logits(chosen.reshape(-1), logits, self.config.vocab_size)
+        return logits, chosen.reshape(-1)
 
     def _spread(self, logits: Tensor) -> Tensor:
         """[rows, N] column logits -> [rows, vocab], -inf outside the vocabulary (as vLLM's)."""

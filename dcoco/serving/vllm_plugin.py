@@ -14,15 +14,19 @@ vLLM's DFlash drafter, and wraps the DFlash proposer so that copy-hint drafters 
 acceptance (dcoco.serving.live_schedule).
 
 How the head reaches vLLM's draft (V1 model runner, `speculative_config.method == "dflash"`): the
-DFlash proposer runs the drafter once over `[anchor, MASK x K]` per request, then takes
-`compute_logits(hidden).argmax(-1)` of the K mask rows as the draft. Our `compute_logits` runs the
-head on those rows and returns a point mass at the head's choice (`point_mass_logits`), so the
-argmax is the head's draft; with probabilistic draft sampling the proposal is the same point mass,
-which keeps vLLM's rejection sampler lossless. The helpers below are plain torch, testable
-without vLLM.
+DFlash proposer runs the drafter once over `[anchor, MASK x K]` per request, then takes the K mask
+rows' draft tokens from the model: `get_top_tokens(hidden)` where `dcoco serve` sets
+`use_local_argmax_reduction` (the head's choice, or the drafter's top-1, as token ids), else
+`compute_logits(hidden).argmax(-1)`. Our `compute_logits` runs the head on those rows and returns
+a point mass at the head's choice (`point_mass_logits`), so the argmax is the head's draft; with
+probabilistic draft sampling the proposal is the same point mass, which keeps vLLM's rejection
+sampler lossless. The helpers below are plain torch, testable without vLLM.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -51,6 +55,16 @@ def plugin_architectures() -> list[str]:
     from dcoco.models.drafter_io import COPY_ARCHITECTURE
 
     return [*head_architectures().values(), COPY_ARCHITECTURE]
+
+
+def serves_token_ids(drafter_dir: Path) -> bool:
+    """Whether the plugin's model class serves this drafter (config.json's architecture), which
+    hands vLLM its draft's token ids (`get_top_tokens`); vLLM's stock DFlash drafter has none."""
+    try:
+        config = json.loads((drafter_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return False  # vLLM reports the unreadable checkpoint itself
+    return bool(set(config.get("architectures") or []) & set(plugin_architectures()))
 
 
 def check_version(version: str | None = None) -> str:

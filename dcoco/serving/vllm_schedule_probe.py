@@ -235,25 +235,32 @@ def _time_cells(llm, request: dict, prompts: list, temperature: str, variants: l
 
 @contextlib.contextmanager
 def _timed_logits():
-    """[seconds, calls] of the served drafter model's `compute_logits` (the draft head's pick, or
-    the drafter's own top-1) while inside; the model runs in this process."""
+    """[seconds, calls] of the served drafter model's draft pick (the draft head's, or the
+    drafter's own top-1) while inside: `get_top_tokens`, or `compute_logits` where vLLM takes the
+    argmax itself; the model runs in this process."""
     from dcoco.serving.vllm_model import DcocoDFlashForCausalLM as Model
 
-    spent, original = [0.0, 0], Model.compute_logits
+    spent = [0.0, 0]
+    originals = {name: getattr(Model, name) for name in ("compute_logits", "get_top_tokens")}
 
-    def timed(self, *args, **kwargs):
-        started = time.perf_counter()
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            spent[0] += time.perf_counter() - started
-            spent[1] += 1
+    def timer(original):
+        def timed(self, *args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - started
+                spent[1] += 1
 
-    Model.compute_logits = timed
+        return timed
+
+    for name, original in originals.items():
+        setattr(Model, name, timer(original))
     try:
         yield spent
     finally:
-        Model.compute_logits = original
+        for name, original in originals.items():
+            setattr(Model, name, original)
 
 
 def _acceptance(llm, request: dict, prompts: list, temperature: float) -> list[float]:

@@ -10,7 +10,9 @@ CHECKPOINT is `plain` (no drafter: the same engine without speculation, K ignore
 checkpoint's name or a directory: the one `dcoco serve` hands vLLM (under
 $DCOCO_CACHE_DIR/serve/, with its draft vocabulary) times what a server runs. DCOCO_HEAD_MAX_BATCH=0
 switches the draft head off (dcoco.serving.head_ceiling); TEMPERATURE=1 samples (default 0);
-DRAFT_SCHEDULE=GREEDY/SAMPLED@N/M serves that schedule instead of K at every batch size.
+DRAFT_SCHEDULE=GREEDY/SAMPLED@N/M serves that schedule instead of K at every batch size;
+LOCAL_ARGMAX=0 has vLLM take the argmax of the drafter's logits itself (before `dcoco serve` set
+use_local_argmax_reduction).
 
 Usage (the vLLM venv):
   LD_PRELOAD=.venv-vllm/lib/libiomp5.so VLLM_ENABLE_V1_MULTIPROCESSING=0 \
@@ -75,6 +77,7 @@ def main(checkpoint: str, k: int, batch: int, prompts_file: str) -> None:
         runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
         drafter = type(runner.drafter.model)
         drafter.compute_logits = timed("drafter logits + head", drafter.compute_logits)
+        drafter.get_top_tokens = timed("drafter logits + head", drafter.get_top_tokens)
     tokenizer = llm.get_tokenizer()
     prompts = [
         tokenizer.apply_chat_template([{"role": "user", "content": text}],
@@ -110,6 +113,9 @@ def _speculative(checkpoint: str, k: int) -> dict:
         "num_speculative_tokens": 7,
         "num_speculative_tokens_per_batch_size": _schedule(k),
         "disable_eagle_block_drop": True,
+        # as `dcoco serve` sets it (the drafter hands over token ids); LOCAL_ARGMAX=0: vLLM's
+        # argmax over the logits compute_logits spreads over every token, as before
+        "use_local_argmax_reduction": os.environ.get("LOCAL_ARGMAX", "1") == "1",
     }
 
 
