@@ -27,16 +27,19 @@ def main(row_counts: list[int]) -> None:
     for columns in (16000, 49152):
         for rows in row_counts:
             logits = (4 * torch.randn(rows, columns, generator=generator)).bfloat16()
-            floats = logits.float()
             assert torch.equal(row_argmax(logits), logits.argmax(dim=-1))
-            calls = [
-                lambda: logits.argmax(dim=-1),
-                lambda: row_argmax(logits),
-                lambda: floats.topk(16, dim=-1),
-                lambda: row_topk(floats, 16),
-            ]
-            cells = " | ".join(f"{ms * 1e3:.0f}" for ms in interleaved_ms(calls, CALLS, 3))
+            cells = " | ".join(f"{ms * 1e3:.0f}" for ms in interleaved_ms(_calls(logits), CALLS, 3))
             print(f"| {rows} x {columns} | {cells} |", flush=True)
+
+
+def _calls(logits: torch.Tensor) -> list:
+    floats = logits.float()
+    return [
+        lambda: logits.argmax(dim=-1),
+        lambda: row_argmax(logits),
+        lambda: floats.topk(16, dim=-1),
+        lambda: row_topk(floats, 16),
+    ]
 
 
 if __name__ == "__main__":
