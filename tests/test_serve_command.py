@@ -15,6 +15,7 @@ import pytest
 from dcoco.errors import DcocoError
 from dcoco.models.head_io import SELECTION_KEY
 from dcoco.paths import checkpoints_dir
+from dcoco.serving.head_compile import COMPILE_KEY
 from dcoco.serving.serve import ServeConfig, build_command, speculative_config
 
 
@@ -105,11 +106,12 @@ def test_serve_takes_method_specs_with_a_selection_and_a_checkpoint(
     view = Path(served["model"])
     # vLLM gets a view of the checkpoint whose config names the rule; the checkpoint is untouched.
     assert view.is_relative_to(tmp_path / "cache") and view != drafter.resolve()
-    assert json.loads((view / "config.json").read_text()) == {**config, SELECTION_KEY: "global"}
+    # and that the plugin compiles the head's pick (--no-compile-head: not)
+    expected = {**config, SELECTION_KEY: "global", COMPILE_KEY: True}
+    assert json.loads((view / "config.json").read_text()) == expected
     assert SELECTION_KEY not in json.loads((drafter / "config.json").read_text())
-    _, argv = build_command(
-        ServeConfig(method=f"dcoco@{drafter}", target=str(target), python="/opt/py")
-    )
+    eager = ServeConfig(method=f"dcoco@{drafter}", target=str(target), python="/opt/py")
+    _, argv = build_command(replace(eager, compile_head=False))
     assert json.loads(argv[argv.index("--speculative-config") + 1])["model"] == str(
         drafter.resolve()
     )

@@ -68,6 +68,7 @@ def _read(worker) -> dict:
         "drafts": list(model.dcoco_test_drafts),
         "widths": sorted(set(model.dcoco_test_widths)),
         "head_rows": int(model.lm_head.weight.shape[0]),
+        "compiled": model._select is not None and model._select.compiled,
     }
 
 
@@ -108,19 +109,21 @@ def test_a_draft_vocabulary_drafts_inside_it_and_keeps_greedy_output(monkeypatch
     vocab = ServedVocab(token_ids, resolve_target(TARGET))
     plain, _ = _generate(None)
     kept = set(token_ids.tolist())
-    # vLLM's argmax over the spread logits for one, the token ids from get_top_tokens (as `dcoco
-    # serve` configures it) for the other
+    # vLLM's argmax over the spread logits for one; for the other the token ids from
+    # get_top_tokens (as `dcoco serve` configures it)
+    # and the corrector's pick compiled (dcoco.serving.head_compile), as `dcoco serve` has it
     cases = (("dflash-mask", None, False), ("dcoco-joint-12k", VOCAB, True))
-    for checkpoint, width, local_argmax in cases:
-        model = served_view(checkpoints_dir() / TARGET / checkpoint, None, vocab)
+    for checkpoint, width, served_as in cases:
+        model = served_view(checkpoints_dir() / TARGET / checkpoint, None, vocab, served_as)
         speculative = {"method": "dflash", "model": str(model), "num_speculative_tokens": 7,
-                       "use_local_argmax_reduction": local_argmax}  # fmt: skip
+                       "use_local_argmax_reduction": served_as}  # fmt: skip
         ids, record = _generate(speculative)
         assert ids == plain, checkpoint
         assert record["head_rows"] == VOCAB  # vLLM kept the view's rows, not the target's head
         assert record["drafts"] and set(record["drafts"]) <= kept, checkpoint
         assert record["accepted"] > 0, checkpoint
         assert record["widths"] == ([] if width is None else [width])  # the corrector's columns
+        assert record["compiled"] == served_as, checkpoint
         # the drafts are worth verifying: the vocabulary holds the tokens the target writes
         written = [token for reply in plain for token in reply]
         assert sum(token in kept for token in written) > 0.8 * len(written)

@@ -29,9 +29,13 @@ def top_candidates(
     drafter's argmax), and each slot's log normaliser [batch, slots] (None unless `normaliser`)
     from logits [batch, slots, vocab]; per chunk of slots, with the same bits as in one piece."""
     rows = logits.reshape(-1, logits.shape[-1])
+    # Compiled (dcoco.serving.head_compile), one piece: a loop over a symbolic row count would
+    # compile a graph per row count, and inductor plans its own temporaries.
+    compiling = torch.compiler.is_compiling()
+    step = rows.shape[0] if compiling else CHUNK_SLOTS
     values, ids, normalisers = [], [], []
-    for start in range(0, rows.shape[0], CHUNK_SLOTS):
-        chunk = rows[start : start + CHUNK_SLOTS].float()
+    for start in (0,) if compiling else range(0, rows.shape[0], step):
+        chunk = rows[start : start + step].float()
         top_values, top_ids = row_topk(chunk, top_k)
         values.append(top_values)
         ids.append(top_ids)

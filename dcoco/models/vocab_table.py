@@ -23,10 +23,21 @@ class VocabTable:
         self._project = project  # embedding rows [rows, hidden] -> projected rows [rows, width]
         self._key: tuple | None = None
         self._table: Tensor | None = None
+        self._frozen = False
+
+    def freeze(self) -> None:
+        """Serve the table as built, its key no longer checked: for a head whose weights never
+        change again (a served one), and so that torch.compile can trace `rows` (a data pointer
+        comparison breaks its graph)."""
+        if self._table is None:
+            raise RuntimeError("a vocabulary table is frozen after it is built")
+        self._frozen = True
 
     def rows(self, ids: Tensor, embedding: Tensor, sources: tuple[Tensor, ...], dtype) -> Tensor:
         """project(embedding[ids].to(dtype)) [..., width] for token ids [...]; `sources` are the
         tensors `project` reads, whose identity and version key the table."""
+        if self._frozen:
+            return self._table[ids]
         key = (dtype,) + tuple(
             (tensor.data_ptr(), tensor._version, tensor.dtype, tensor.device)
             for tensor in (embedding, *sources)

@@ -26,7 +26,8 @@ from torch import Tensor
 from dcoco import paths
 from dcoco.errors import DcocoError
 from dcoco.models.drafter_io import CONFIG_FILE
-from dcoco.models.head_io import SELECTION_KEY
+from dcoco.models.head_io import HEAD_KEY, SELECTION_KEY
+from dcoco.serving.head_compile import COMPILE_KEY
 
 VOCAB_WEIGHTS_FILE = "draft-vocab-head.safetensors"
 VOCAB_SIZE_KEY = "draft_vocab_size"  # vLLM's name (qwen3_dflash reads it from config.json)
@@ -56,13 +57,23 @@ def served_vocab(setting: str, target_dir: Path, target_name: str) -> ServedVoca
     return None if ids is None else ServedVocab(ids, target_dir)
 
 
-def served_view(path: Path, selection: str | None = None, vocab: ServedVocab | None = None) -> Path:
-    """A view of checkpoint `path` whose config.json names the corrector's `selection` rule and
+def served_view(
+    path: Path,
+    selection: str | None = None,
+    vocab: ServedVocab | None = None,
+    compile_head: bool = False,
+) -> Path:
+    """A view of checkpoint `path` whose config.json names the corrector's `selection` rule,
+    whether the plugin compiles a draft head's pick (`compile_head`, where there is a head) and
     whose head is `vocab`'s rows of the target's (its other files linked): vLLM's worker builds
-    the drafter from that directory."""
+    the drafter from that directory; the checkpoint itself where none of these applies."""
     source = path.resolve()
+    hf = json.loads((source / CONFIG_FILE).read_text())
+    compile_head = compile_head and HEAD_KEY in hf
     token_ids = None if vocab is None else vocab.token_ids.sort().values
-    key = hashlib.sha1(f"{source}|{selection}".encode())
+    if not (selection or compile_head or token_ids is not None):
+        return source  # nothing to change: vLLM reads the checkpoint itself
+    key = hashlib.sha1(f"{source}|{selection}{'|compiled' if compile_head else ''}".encode())
     if token_ids is not None:
         key.update(token_ids.numpy().tobytes())
         key.update(_target_stamp(vocab.target_dir).encode())
@@ -73,9 +84,10 @@ def served_view(path: Path, selection: str | None = None, vocab: ServedVocab | N
         link = view / item.name
         if item.name != CONFIG_FILE and not link.is_symlink():
             link.symlink_to(item)
-    hf = json.loads((source / CONFIG_FILE).read_text())
     if selection:
         hf[SELECTION_KEY] = selection
+    if compile_head:
+        hf[COMPILE_KEY] = True
     if token_ids is not None:
         hf[VOCAB_SIZE_KEY] = len(token_ids)
         if not (view / VOCAB_WEIGHTS_FILE).is_file():

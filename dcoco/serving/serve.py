@@ -59,6 +59,7 @@ class ServeConfig:
     max_model_len: int = 2048  # longest prompt + reply vLLM accepts
     max_num_seqs: int = 0  # 0 = vLLM's default
     enforce_eager: bool = True  # no torch.compile: starts in about a minute instead of several
+    compile_head: bool = True  # compile the draft head's pick (torch.compile) on its first call
     kv_cache_gib: float = 1.0  # KV cache size (vLLM's --kv-cache-memory-bytes)
     served_model_name: str = ""  # empty = the target's name
     per_request_metrics: bool = True  # each response carries its own acceptance metrics
@@ -280,14 +281,11 @@ def _drafter_config(config: ServeConfig) -> dict:
     path, selection = resolved.path, resolved.spec.selection
     name = target_name(config.target)
     vocab = served_vocab(config.draft_vocab, resolve_target(config.target), name)
-    model = served_view(path, selection, vocab) if selection or vocab else path.resolve()
+    model = served_view(path, selection, vocab, config.compile_head)
     # vLLM drops a prefix-cache hit's last block for EAGLE-like drafters (their K/V needs the next
     # token); a DFlash drafter's context K/V needs only the position's own hidden state. The drop
-    # cut the bench's hit rate to 7% against plain's 36% (docs/serving.md). With
-    # use_local_argmax_reduction the proposer takes the draft's token ids from the drafter model
-    # (DcocoDFlashForCausalLM.get_top_tokens) instead of an argmax over logits it spreads over
-    # every token: 3.5-4.5 ms less a step at 16 requests x 2 drafts on a 2-core Xeon
-    # (results/smollm2-vllm-token-ids).
+    # cut the bench's hit rate to 7% against plain's 36% (docs/serving.md). Our model class hands
+    # its token ids over (get_top_tokens): no argmax over every token (results/*-vllm-token-ids).
     return {
         "method": "dflash",
         "model": str(model),

@@ -41,10 +41,10 @@ from dcoco.models.draft_vocab import full_vocab_logits, hint_columns
 from dcoco.models.drafter_io import COPY_ARCHITECTURE, HEAD_ARCHITECTURES, HEAD_PREFIX
 from dcoco.models.head_io import HEAD_KEY, SELECTION_KEY
 from dcoco.models.head_registry import build_head
-from dcoco.models.heads import select_draft
 from dcoco.models.row_reduce import row_argmax
 from dcoco.models.selection import check_selection
 from dcoco.serving.head_ceiling import head_max_batch
+from dcoco.serving.head_compile import COMPILE_KEY, HeadSelect
 from dcoco.serving.vllm_plugin import point_mass_logits, request_layout
 
 
@@ -91,6 +91,8 @@ class DcocoDFlashForCausalLM(DFlashQwen3ForCausalLM):
         self.sampled_step = False  # set per step by dcoco.serving.vllm_no_draft's proposer wrapper
         self._column_ids: Tensor | None = None  # set by load_weights for a draft vocabulary
         self._column_of: Tensor | None = None
+        self._compile_head = bool(getattr(self.config, COMPILE_KEY, False))
+        self._select = None  # the head's pick, made on the first call (after vLLM's set-up)
 
     def _build_head(self) -> nn.Module | None:
         """The checkpoint's draft head; None for a copy-hint drafter without one."""
@@ -167,17 +169,21 @@ class DcocoDFlashForCausalLM(DFlashQwen3ForCausalLM):
             hint_columns = self._hint_columns(torch.where(hints == mask, NO_HINT, hints))
             bonus = self.copy_gate(hidden_states).squeeze(-1).float()  # [rows]
             logits = add_copy_bonus(logits.float(), bonus, hint_columns).to(logits.dtype)
-        if self.head is None or requests > head_max_batch(self.sampled_step):  # drafter's top-1
+        if self.head is None:
             return logits, None
-        chosen = select_draft(
-            self.head,
+        block = (
             hidden_states.view(requests, slots, -1),
             logits.view(requests, slots, logits.shape[-1]),
             blocks[:, 0],  # the anchors
-            self._selection,
-            column_ids,
-        )  # [requests, slots] token ids
-        return logits, chosen.reshape(-1)
+        )
+        if self._select is None:  # compiled (head_compile) where the config asks for it
+            max_slots = max(1, self._default_slots)
+            self._select = HeadSelect(self.head, self._selection, self._column_ids, max_slots,
+                                      compile=self._compile_head)  # fmt: skip
+        if requests > head_max_batch(self.sampled_step):  # the drafter's top-1 is the draft
+            self._select.prepare(*block)  # compiled before the head first picks
+            return logits, None
+        return logits, self._select(*block).reshape(-1)  # [rows] the head's token ids
 
     def _spread(self, logits: Tensor) -> Tensor:
         """[rows, N] column logits -> [rows, vocab], -inf outside the vocabulary (as vLLM's)."""
