@@ -68,7 +68,7 @@ def _read(worker) -> dict:
         "drafts": list(model.dcoco_test_drafts),
         "widths": sorted(set(model.dcoco_test_widths)),
         "head_rows": int(model.lm_head.weight.shape[0]),
-        "compiled": model._select is not None and model._select.compiled,
+        "compiled": getattr(getattr(model, "_select", None), "compiled", False),
     }
 
 
