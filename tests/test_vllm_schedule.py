@@ -212,18 +212,18 @@ def test_head_picks_drafts_only_up_to_its_ceiling_and_output_stays_plain(monkeyp
     at most 2 requests; the steps above draft the drafter's own top-1. Greedy fp32 output equals
     plain vLLM's either way. With `@2/0` it never runs in steps of sampled requests only."""
     pytest.importorskip("vllm")
-    from dcoco.serving import vllm_model
+    from dcoco.serving import head_compile  # the model's HeadSelect calls select_draft there
 
     for key, value in {**ENV, HEAD_ENV: "2"}.items():
         monkeypatch.setenv(key, value)
     batches = []
-    select = vllm_model.select_draft
+    select = head_compile.select_draft
 
     def counted(head, hidden, *args):
         batches.append(hidden.shape[0])  # [requests, slots, hidden]
         return select(head, hidden, *args)
 
-    monkeypatch.setattr(vllm_model, "select_draft", counted)
+    monkeypatch.setattr(head_compile, "select_draft", counted)
     plain = _generate(None)
     speculative = {
         "method": "dflash",

@@ -30,6 +30,7 @@ import time
 import dcoco.serving.vllm_hints as hints
 import dcoco.serving.vllm_model as model
 import dcoco.serving.vllm_no_draft as no_draft
+from dcoco.serving.head_compile import HeadSelect
 from dcoco.models.loading import resolve_target
 from dcoco.paths import checkpoints_dir
 from dcoco.serving.auto_schedule import probe_prompts
@@ -61,8 +62,9 @@ def main(checkpoint: str, k: int, batch: int, prompts_file: str) -> None:
     from vllm.v1.spec_decode.dflash import DFlashProposer
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    for name in ("select_draft", "add_copy_bonus", "point_mass_logits"):
+    for name in ("add_copy_bonus", "point_mass_logits"):
         setattr(model, name, timed(name, getattr(model, name)))
+    HeadSelect.__call__ = timed("head pick", HeadSelect.__call__)  # compiled or eager
     hints._write_batch = timed("copy hints", hints._write_batch)
     speculative = None if checkpoint == "plain" else _speculative(checkpoint, k)
     llm = LLM(model=str(resolve_target(TARGET)), dtype="bfloat16",
