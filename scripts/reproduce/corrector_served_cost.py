@@ -6,7 +6,9 @@ fp32 is the alternative timed here, with the drafter's top 16 (`greedy`) and top
 The four variants of a shape run in alternation, call after call; prints the median ms of 20 calls
 and how often the fp32 picks equal the bf16 ones. Ratios are within this one run. With PROFILE=1,
 also torch.profiler's ten costliest operators of the bf16 16-candidate call at each shape
-(self CPU time over 20 calls), to see where a call's milliseconds go.
+(self CPU time over 20 calls), to see where a call's milliseconds go. With COMPILED=1, one more
+column: the bf16 16-candidate call as the plugin serves it compiled (dcoco.serving.head_compile,
+warmed up for 1-7 slots first; its "same" share against the eager bf16 picks in the last column).
 
 Usage: .venv/bin/python scripts/reproduce/corrector_served_cost.py [CHECKPOINT] [B x S,...]
   (defaults: dcoco-joint-12k 1x4,1x7,2x4,4x3,8x2)
@@ -39,8 +41,14 @@ def main(checkpoint: str, shapes: list[tuple[int, int]]) -> None:
     columns = read_ranking(checkpoints_dir() / TARGET, target.config.vocab_size)[:COLUMNS]
     generator = torch.Generator().manual_seed(0)
     print(f"{checkpoint}: ms per select, {COLUMNS} columns, {torch.get_num_threads()} threads")
-    print("| requests x slots | bf16, 16 | fp32, 16 | bf16, 4 | fp32, 4 | same picks |")
-    print("|---|--:|--:|--:|--:|--:|")
+    compiled = None
+    if os.environ.get("COMPILED") == "1":
+        from dcoco.serving.head_compile import HeadSelect
+
+        compiled = HeadSelect(heads["bf16"], None, columns, max_slots=7)
+    extra = (" bf16, 16, compiled | same, compiled |", "--:|--:|") if compiled else ("", "")
+    print(f"| requests x slots | bf16, 16 | fp32, 16 | bf16, 4 | fp32, 4 | same picks |{extra[0]}")
+    print(f"|---|--:|--:|--:|--:|--:|{extra[1]}")
     for batch, slots in shapes:
         width = heads["bf16"].config.hidden_size
         hidden = torch.randn(batch, slots, width, generator=generator).bfloat16()
@@ -52,9 +60,15 @@ def main(checkpoint: str, shapes: list[tuple[int, int]]) -> None:
             for dtype in ("bf16", "fp32")
         ]
         same = [(calls[i]() == calls[i + 1]()).float().mean().item() for i in (0, 2)]
+        if compiled is not None:
+            block = (hidden, logits, anchors)
+            with torch.inference_mode():  # as vLLM calls it
+                same.append((compiled(*block) == calls[0]()).float().mean().item())
+            calls.append(lambda block=block: _inference(compiled, block))
         ms = interleaved_ms(calls, CALLS, 3)
         cells = " | ".join(f"{m:.2f}" for m in ms)
-        print(f"| {batch} x {slots} | {cells} | {min(same):.0%} |", flush=True)
+        tail = f" {same[2]:.0%} |" if compiled is not None else ""
+        print(f"| {batch} x {slots} | {cells} | {min(same[:2]):.0%} |{tail}", flush=True)
         if os.environ.get("PROFILE") == "1":
             _profile(calls[0], f"{batch} x {slots}")
 
@@ -65,6 +79,11 @@ def _select(head, block, rule: str, columns):
             return head.select(*block, selection=rule, column_ids=columns)
 
     return call
+
+
+def _inference(select, block):
+    with torch.inference_mode():
+        return select(*block)
 
 
 def _profile(call, shape: str) -> None:
