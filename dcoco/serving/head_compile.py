@@ -2,11 +2,13 @@
 
 Eagerly, a DCOCO corrector call is some 300 small operators (top-k, features, three vocabulary
 tables, pair counts, the successor query, one walk row per slot pair), so at served sizes it
-costs about what the drafter's pass does: on a 2-core Xeon (model 207), bf16, 16 candidates, 2.2
-ms for one request x 7 slots and 2.7 ms for 16 x 2. Compiled, the same calls took 1.1 and 1.6 ms
-(fp32: 2.0 -> 1.0 and 3.1 -> 2.1 ms), which is what decides whether the corrector pays under load
-(dcoco.serving.head_ceiling). The picks are the eager ones in fp32; in bf16 fused operators round
-differently, so a near tie can go the other way (either pick is verified: output is unchanged).
+costs about what the drafter's pass does, and whether the corrector pays under load
+(dcoco.serving.head_ceiling) turns on those milliseconds. Compiled, inductor fuses them: the
+schedule probe read the head at +2.0 ms a call over the drafter's own pick at 16 requests x 2
+drafts, against +4.1 ms eagerly (2-core Xeon, bf16; `COMPILED=1
+scripts/reproduce/corrector_served_cost.py` times both). The picks are the eager ones in fp32; in
+bf16 fused operators round differently, so a near tie can go the other way (either pick is
+verified: output is unchanged).
 
 Compiling takes 5-15 s a graph on 2 cores, and the walk's loop over slot pairs makes one graph
 per slot count (one more for a single request, whose size-1 dimension torch specialises), so the
