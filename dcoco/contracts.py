@@ -53,6 +53,9 @@ class Proposal:
     draft_probs: Tensor | None = None
     # seconds of the proposal spent correcting/selecting after the drafter's pass (a draft head)
     correct_s: float = 0.0
+    # seconds of one-off set-up inside this proposal (compiling a draft head on its first call),
+    # counted in no cost: the draft-length policy would read them as what every draft costs
+    setup_s: float = 0.0
 
     @property
     def num_slots(self) -> int:

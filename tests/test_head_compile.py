@@ -1,25 +1,29 @@
-"""The served head's compiled pick (dcoco.serving.head_compile): the eager picks in fp32 at every
-batch size and slot count after one warm-up, no recompiling past it, and the eager call where
-compiling fails."""
+"""A draft head's compiled pick (dcoco.models.head_compile): the eager picks in fp32 at every
+batch size and slot count after one warm-up, no recompiling past it, the eager call where
+compiling fails, and our engine's `dcoco` drafting with it as with the eager call."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from dcoco.decode.engine import Engine
+from dcoco.decode.head_proposer import HeadProposer
+from dcoco.models.corrector import Corrector, CorrectorConfig
+from dcoco.models.head_compile import HeadSelect
 from dcoco.models.heads import select_draft
-from dcoco.serving.head_compile import HeadSelect
 from tests.test_corrector_options import make_corrector, random_block
+from tests.test_draft_vocab import RecordingProposer, make_drafter, vocab_ids
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 MAX_SLOTS = 3
 
 
-def _corrector():
+def _corrector(seed: int = 2):
     # every term of the shipped corrector: normalised features, successor query, anchor
     flags = dict(features="normalised", successor_query=True, anchor=True)
-    return make_corrector(seed=2, randomise=True, **flags).eval()
+    return make_corrector(seed=seed, randomise=True, **flags).eval()
 
 
 def test_compiled_picks_are_the_eager_ones_without_recompiling(monkeypatch):
@@ -47,6 +51,20 @@ def test_compiled_picks_are_the_eager_ones_without_recompiling(monkeypatch):
         # every later size ran a graph of the warm-up
         assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
     assert len(compiles) == 1 and select.compiled
+
+
+def test_compiled_heads_in_one_process_all_stay_compiled(caplog):
+    # one code object for both: past dynamo's cap (8 graphs) it would run them eagerly; the
+    # second head has the first's structure and other weights (a graph reused reads its own)
+    heads = [_corrector(), _corrector(seed=4), make_corrector(seed=5, randomise=True)]
+    selects = [HeadSelect(head, None, None, MAX_SLOTS) for head in heads]
+    with torch.inference_mode(), caplog.at_level("WARNING"):
+        for round_ in range(2):
+            for head, select in zip(heads, selects, strict=True):
+                hidden, logits, anchors = random_block(3, seed=round_)
+                picks = select(hidden, logits, anchors)
+                assert torch.equal(picks, select_draft(head, hidden, logits, anchors, None))
+    assert "recompile_limit" not in caplog.text and all(s.compiled for s in selects)
 
 
 def test_without_compiling_it_is_the_eager_call(monkeypatch):
@@ -77,3 +95,31 @@ def test_a_failed_compile_serves_the_eager_call(monkeypatch, capsys):
         assert torch.equal(picks, select_draft(corrector, hidden, logits, anchors, None))
     assert "the draft head runs eagerly (RuntimeError: no C++ compiler)" in capsys.readouterr().err
     assert not select.compiled
+
+
+def test_the_engine_drafts_with_the_compiled_pick_as_with_the_eager_one(tiny_llama_target):
+    target = tiny_llama_target
+    drafter = make_drafter(target)
+    drafter.use_draft_vocab(vocab_ids(target.info.vocab_size))
+    config = CorrectorConfig(drafter.config.hidden_size, top_k=4, mlp_hidden=16,
+                             features="normalised", successor_query=True, anchor=True)  # fmt: skip
+    torch.manual_seed(5)
+    corrector = Corrector(config, target.embed_tokens).eval()
+    with torch.no_grad():  # zero-initialised output layers would keep the drafter's top-1
+        for name, parameter in corrector.named_parameters():
+            if name.startswith(("delta_out", "query_out")):
+                torch.nn.init.normal_(parameter)
+    prompt = torch.randint(5, 120, (8,), generator=torch.Generator().manual_seed(2)).tolist()
+    plain = Engine(target).generate(prompt, 20).new_ids
+    runs = []
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for compile_head in (False, True):
+        proposer = HeadProposer(drafter, corrector, num_draft_tokens=3, compile_head=compile_head)
+        recording = RecordingProposer(proposer)
+        assert Engine(target, recording).generate(prompt, 20).new_ids == plain
+        runs.append(recording.drafts)
+        assert proposer.select.compiled == compile_head
+    assert runs[0] == runs[1] and runs[0]
+    # the warm-up's graph for each of 1-3 slots, none after it: the drafter hands over its
+    # first slots of a longer block, a view whose strides the warm-up's inputs do not have
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 3

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from dcoco.errors import DcocoError
+from dcoco.models.head_compile import COMPILE_KEY
 from dcoco.models.head_io import SELECTION_KEY
 from dcoco.paths import checkpoints_dir
-from dcoco.serving.head_compile import COMPILE_KEY
 from dcoco.serving.serve import ServeConfig, build_command, speculative_config
 
 

@@ -111,7 +111,7 @@ def test_a_draft_vocabulary_drafts_inside_it_and_keeps_greedy_output(monkeypatch
     kept = set(token_ids.tolist())
     # vLLM's argmax over the spread logits for one; for the other the token ids from
     # get_top_tokens (as `dcoco serve` configures it)
-    # and the corrector's pick compiled (dcoco.serving.head_compile), as `dcoco serve` has it
+    # and the corrector's pick compiled (dcoco.models.head_compile), as `dcoco serve` has it
     cases = (("dflash-mask", None, False), ("dcoco-joint-12k", VOCAB, True))
     for checkpoint, width, served_as in cases:
         model = served_view(checkpoints_dir() / TARGET / checkpoint, None, vocab, served_as)

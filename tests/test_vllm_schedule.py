@@ -212,7 +212,7 @@ def test_head_picks_drafts_only_up_to_its_ceiling_and_output_stays_plain(monkeyp
     at most 2 requests; the steps above draft the drafter's own top-1. Greedy fp32 output equals
     plain vLLM's either way. With `@2/0` it never runs in steps of sampled requests only."""
     pytest.importorskip("vllm")
-    from dcoco.serving import head_compile  # the model's HeadSelect calls select_draft there
+    from dcoco.models import head_compile  # the model's HeadSelect calls select_draft there
 
     for key, value in {**ENV, HEAD_ENV: "2"}.items():
         monkeypatch.setenv(key, value)

@@ -200,6 +200,7 @@ def _choice_path(config, methods: list[str]) -> Path:
         "methods": methods,
         "draft_dtype": config.draft_dtype,
         "draft_vocab": config.draft_vocab,
+        "compile_head": config.compile_head,
         "kernels": KERNELS,
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]

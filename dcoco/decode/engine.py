@@ -90,7 +90,8 @@ class Engine:
                 max_slots = min(max_slots, self.draft_length.next_length(mode))
             tick = time.perf_counter()
             proposal = self._propose(tokens, new_features, max_slots)
-            propose_s = _elapsed(tick, device)
+            propose_s = _elapsed(tick, device) - proposal.setup_s
+            stats.setup_s += proposal.setup_s
             stats.draft_s += propose_s - proposal.correct_s
             stats.correct_s += proposal.correct_s
             # taps the proposer did not read this cycle must reach it next cycle
@@ -114,7 +115,7 @@ class Engine:
             new_features = _pending_features(skipped_features, out.features, accepted)
 
         stats.new_tokens = len(new_ids)
-        stats.total_s = _elapsed(started, device)
+        stats.total_s = _elapsed(started, device) - stats.setup_s
         return GenerationResult(list(prompt_ids), new_ids, finish, stats)
 
     def _context_mode(self, tokens, sampling: SamplingParams) -> ContextMode:
@@ -134,6 +135,7 @@ class Engine:
                 if proposal.draft_probs is None
                 else proposal.draft_probs[:, :max_slots],
                 correct_s=proposal.correct_s,
+                setup_s=proposal.setup_s,
             )
         return proposal
 

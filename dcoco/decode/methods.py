@@ -41,6 +41,7 @@ class MethodOptions:
     selection: str = "greedy"  # dcoco's selection rule when the spec names none
     draft_dtype: str = "auto"  # the drafter's precision (dcoco.decode.draft_precision)
     draft_vocab: str = "auto"  # the drafter's head rows (dcoco.models.draft_vocab)
+    compile_head: bool = False  # the DCOCO corrector's pick compiled (dcoco.models.head_compile)
 
 
 @dataclass(frozen=True)
@@ -202,4 +203,5 @@ def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> 
         name=method,
         selection=resolved.selection,
         acceptance_prior=prior,
+        compile_head=options.compile_head,
     )

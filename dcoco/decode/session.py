@@ -41,6 +41,7 @@ class DecodeConfig:
     draft_dtype: str = "auto"  # drafter precision: auto (fp32 beside bf16 on AVX2) | target | fp32
     head_dtype: str = "auto"  # LM head precision: auto (measured with --dtype) | target | fp32
     draft_vocab: str = "auto"  # drafter head rows: auto (16000 most frequent) | full | N
+    compile_head: bool = True  # compile the DCOCO corrector's pick (torch.compile, first draft)
 
     def sampling(self, temperature: float = 0.0) -> SamplingParams:
         return SamplingParams(temperature=temperature, top_p=self.top_p, top_k=self.top_k)
@@ -53,6 +54,7 @@ class DecodeConfig:
             selection=self.selection,
             draft_dtype=check_draft_dtype(self.draft_dtype),  # bad input fails at once
             draft_vocab=check_draft_vocab(self.draft_vocab),
+            compile_head=self.compile_head,
         )
 
     def fixed_draft_tokens(self) -> int | None:

@@ -21,7 +21,8 @@ class RequestStats:
     draft_s: float = 0.0  # the drafter's pass
     correct_s: float = 0.0  # a draft head's correction/selection after that pass
     verify_s: float = 0.0
-    total_s: float = 0.0
+    total_s: float = 0.0  # prefill to the last token, without setup_s
+    setup_s: float = 0.0  # one-off set-up in the proposer (compiling a draft head), not timed
 
     def record_cycle(self, num_slots: int, num_accepted: int) -> None:
         self.accept_lengths.append(num_accepted + 1)

@@ -56,6 +56,7 @@ class ProfileConfig:
     threads: int = 0  # CPU threads for torch; 0 = torch's default
     device: str = ""  # empty = CUDA when present, else CPU
     refresh: bool = False  # measure again even where a cached curve exists
+    compile_head: bool = True  # time the DCOCO corrector's pick compiled, as decoding runs it
     json: bool = False  # print one JSON object instead of tables
 
 
@@ -75,7 +76,8 @@ def run(config: ProfileConfig) -> int:
     curves = forward_curves(targets, config.max_tokens, refresh=config.refresh)
     for curve in curves:
         report["forward_ms"][curve.setting] = _keys(curve.forward_ms)
-    auto = DecodeConfig(target=config.target, device=config.device, attention=config.attention)
+    auto = DecodeConfig(target=config.target, device=config.device, attention=config.attention,
+                        compile_head=config.compile_head)  # fmt: skip
     chosen, head = resolve_precision(auto, methods, refresh=config.refresh)
     report["auto_dtype"] = setting_label(chosen, head)
     if (torch.device(config.device) if config.device else default_device()).type == "cpu":
@@ -91,7 +93,8 @@ def run(config: ProfileConfig) -> int:
     target, curve = default_target
     report["default"] = {"setting": curve.setting, "methods": {}}
     for method in methods:
-        report["default"]["methods"][method] = _method_costs(target, curve, method)
+        options = MethodOptions(compile_head=config.compile_head)
+        report["default"]["methods"][method] = _method_costs(target, curve, method, options)
     print(json.dumps(report, indent=1) if config.json else _tables(report))
     return 0
 
@@ -125,9 +128,9 @@ def _resolved(matmul: str, dtype: str, config: ProfileConfig) -> str:
         return "aten"
 
 
-def _method_costs(target, curve: CostCurve, method: str) -> dict:
+def _method_costs(target, curve: CostCurve, method: str, options: MethodOptions) -> dict:
     """The method's draft and correction ms per number of slots, and the k auto starts with."""
-    proposer = build_proposer(method, target, MethodOptions())
+    proposer = build_proposer(method, target, options)
     if proposer is None:
         raise DcocoError(f"{method} drafts nothing: profile a drafter method")
     draft_ms, correct_ms = {}, {}

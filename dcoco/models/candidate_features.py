@@ -29,7 +29,7 @@ def top_candidates(
     drafter's argmax), and each slot's log normaliser [batch, slots] (None unless `normaliser`)
     from logits [batch, slots, vocab]; per chunk of slots, with the same bits as in one piece."""
     rows = logits.reshape(-1, logits.shape[-1])
-    # Compiled (dcoco.serving.head_compile), one piece: a loop over a symbolic row count would
+    # Compiled (dcoco.models.head_compile), one piece: a loop over a symbolic row count would
     # compile a graph per row count, and inductor plans its own temporaries.
     compiling = torch.compiler.is_compiling()
     step = rows.shape[0] if compiling else CHUNK_SLOTS

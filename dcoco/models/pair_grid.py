@@ -54,7 +54,7 @@ def delta_grid(
     [batch, pairs, K, width] (candidate b at slot p + 1). `counted` [batch, pairs, K, K] enters
     the hidden layer through the vector `counted_in` [width]. `scratch` keeps the inference
     buffer between calls (None: a new one)."""
-    # Compiled (dcoco.serving.head_compile), the broadcast form too: inductor fuses it into one
+    # Compiled (dcoco.models.head_compile), the broadcast form too: inductor fuses it into one
     # pass, and the chunk loop would compile a graph per batch size.
     if torch.is_grad_enabled() or torch.compiler.is_compiling():
         pre = pair[:, :, None, None] + from_pre[:, :, :, None] + to_pre[:, :, None, :]

@@ -26,8 +26,8 @@ from torch import Tensor
 from dcoco import paths
 from dcoco.errors import DcocoError
 from dcoco.models.drafter_io import CONFIG_FILE
+from dcoco.models.head_compile import COMPILE_KEY
 from dcoco.models.head_io import HEAD_KEY, SELECTION_KEY
-from dcoco.serving.head_compile import COMPILE_KEY
 
 VOCAB_WEIGHTS_FILE = "draft-vocab-head.safetensors"
 VOCAB_SIZE_KEY = "draft_vocab_size"  # vLLM's name (qwen3_dflash reads it from config.json)

@@ -39,12 +39,12 @@ from dcoco.errors import DcocoError
 from dcoco.models.copy_hints import NO_HINT, add_copy_bonus
 from dcoco.models.draft_vocab import full_vocab_logits, hint_columns
 from dcoco.models.drafter_io import COPY_ARCHITECTURE, HEAD_ARCHITECTURES, HEAD_PREFIX
+from dcoco.models.head_compile import COMPILE_KEY, HeadSelect
 from dcoco.models.head_io import HEAD_KEY, SELECTION_KEY
 from dcoco.models.head_registry import build_head
 from dcoco.models.row_reduce import row_argmax
 from dcoco.models.selection import check_selection
 from dcoco.serving.head_ceiling import head_max_batch
-from dcoco.serving.head_compile import COMPILE_KEY, HeadSelect
 from dcoco.serving.vllm_plugin import point_mass_logits, request_layout
 
 

@@ -7,7 +7,7 @@ The four variants of a shape run in alternation, call after call; prints the med
 and how often the fp32 picks equal the bf16 ones. Ratios are within this one run. With PROFILE=1,
 also torch.profiler's ten costliest operators of the bf16 16-candidate call at each shape
 (self CPU time over 20 calls), to see where a call's milliseconds go. With COMPILED=1, one more
-column: the bf16 16-candidate call as the plugin serves it compiled (dcoco.serving.head_compile,
+column: the bf16 16-candidate call as the plugin serves it compiled (dcoco.models.head_compile,
 warmed up for 1-7 slots first; its "same" share against the eager bf16 picks in the last column).
 
 Usage: .venv/bin/python scripts/reproduce/corrector_served_cost.py [CHECKPOINT] [B x S,...]
@@ -43,7 +43,7 @@ def main(checkpoint: str, shapes: list[tuple[int, int]]) -> None:
     print(f"{checkpoint}: ms per select, {COLUMNS} columns, {torch.get_num_threads()} threads")
     compiled = None
     if os.environ.get("COMPILED") == "1":
-        from dcoco.serving.head_compile import HeadSelect
+        from dcoco.models.head_compile import HeadSelect
 
         compiled = HeadSelect(heads["bf16"], None, columns, max_slots=7)
     extra = (" bf16, 16, compiled | same, compiled |", "--:|--:|") if compiled else ("", "")
@@ -61,8 +61,8 @@ def main(checkpoint: str, shapes: list[tuple[int, int]]) -> None:
         ]
         same = [(calls[i]() == calls[i + 1]()).float().mean().item() for i in (0, 2)]
         if compiled is not None:
-            block = (hidden, logits, anchors)
-            with torch.inference_mode():  # as vLLM calls it
+            with torch.inference_mode():  # inference tensors, as vLLM's and our engine's are:
+                block = tuple(t.clone() for t in (hidden, logits, anchors))  # as the warm-up's
                 same.append((compiled(*block) == calls[0]()).float().mean().item())
             calls.append(lambda block=block: _inference(compiled, block))
         ms = interleaved_ms(calls, CALLS, 3)

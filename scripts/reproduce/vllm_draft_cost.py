@@ -30,11 +30,11 @@ import time
 import dcoco.serving.vllm_hints as hints
 import dcoco.serving.vllm_model as model
 import dcoco.serving.vllm_no_draft as no_draft
+from dcoco.models.head_compile import HeadSelect
 from dcoco.models.loading import resolve_target
 from dcoco.paths import checkpoints_dir
 from dcoco.serving.auto_schedule import probe_prompts
 from dcoco.serving.draft_schedule import OPEN_END, parse_pair, schedule_env
-from dcoco.serving.head_compile import HeadSelect
 from dcoco.serving.vllm_queue import queue_rate
 
 SECONDS: collections.Counter = collections.Counter()
