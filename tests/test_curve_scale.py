@@ -1,7 +1,10 @@
-"""`--num-draft-tokens auto` on a stale cost curve: the verify forwards an engine times rescale the
-cached curve (DraftLengthPolicy.curve_scale), so the draft length follows what a step costs now."""
+"""`--num-draft-tokens auto` on what the engine times: the verify forwards rescale a stale cached
+curve (DraftLengthPolicy.curve_scale), so the draft length follows what a step costs now; a
+proposal's one-off set-up is no draft cost."""
 
 from __future__ import annotations
+
+import time
 
 import torch
 from conftest import make_tiny_target
@@ -11,6 +14,7 @@ from dcoco.decode.draft_length import VERIFY_MIN, VERIFY_WINDOW, DraftLengthPoli
 from dcoco.decode.engine import Engine
 from dcoco.decode.proposers import PromptLookupProposer
 
+FLAT = CostCurve("flat", {n: 10.0 for n in range(1, 17)})  # verifying costs the same for any k
 SLOPE = CostCurve("slope", {n: 10.0 + 2.0 * n for n in range(1, 17)})  # ms of n tokens
 
 
@@ -55,3 +59,41 @@ def test_the_engine_times_every_verify_against_the_curve(tmp_path, monkeypatch):
     result = Engine(target, PromptLookupProposer(4), policy).generate(prompt, 12)
     assert len(policy.verify_ratios) == min(result.stats.cycles, VERIFY_WINDOW)
     assert 0 < policy.curve_scale < 0.01
+
+
+def test_a_proposals_setup_time_is_no_draft_cost(tmp_path, monkeypatch):
+    """A draft head compiling on its first call (dcoco.models.head_compile) reports the seconds as
+    `setup_s`: neither the policy's draft cost nor the reply's time counts them."""
+    monkeypatch.setenv("DCOCO_CACHE_DIR", str(tmp_path))
+    torch.set_num_threads(1)
+    target = make_tiny_target("llama")
+    lookup = PromptLookupProposer(4)
+    calls = []
+
+    class CompilingOnce:
+        name, feature_layers = "compiling", ()
+
+        def start(self, prompt_ids):
+            lookup.start(prompt_ids)
+
+        def propose(self, context):
+            proposal = lookup.propose(context)
+            proposal.setup_s = 0.0 if calls else 0.5
+            if not calls:
+                time.sleep(0.5)
+            calls.append(proposal.setup_s)
+            return proposal
+
+    policy = DraftLengthPolicy(FLAT, max_k=4)
+    observed = []
+    observe = policy.observe
+
+    def timed(proposed, accepted, propose_s, *args):
+        observed.append(propose_s)
+        return observe(proposed, accepted, propose_s, *args)
+
+    monkeypatch.setattr(policy, "observe", timed)
+    prompt = torch.randint(5, 128, (12,), generator=torch.Generator().manual_seed(0)).tolist()
+    reply = Engine(target, CompilingOnce(), policy).generate(prompt, 12)
+    assert calls[0] == 0.5 and reply.stats.setup_s == 0.5
+    assert reply.stats.total_s < 0.5 and observed and max(observed) < 0.1

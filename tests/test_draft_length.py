@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import torch
@@ -283,41 +282,3 @@ def test_interleaved_timing_runs_the_calls_in_turn():
     medians = interleaved_ms([lambda: order.append("a"), lambda: order.append("b")], 3, warmup=1)
     assert order == ["a", "b"] * 4  # one warm-up round, then three timed ones
     assert len(medians) == 2 and all(ms >= 0 for ms in medians)
-
-
-def test_a_proposals_setup_time_is_no_draft_cost(tmp_path, monkeypatch):
-    """A draft head compiling on its first call (dcoco.models.head_compile) reports the seconds as
-    `setup_s`: neither the policy's draft cost nor the reply's time counts them."""
-    monkeypatch.setenv("DCOCO_CACHE_DIR", str(tmp_path))
-    torch.set_num_threads(1)
-    target = make_tiny_target("llama")
-    lookup = PromptLookupProposer(4)
-    calls = []
-
-    class CompilingOnce:
-        name, feature_layers = "compiling", ()
-
-        def start(self, prompt_ids):
-            lookup.start(prompt_ids)
-
-        def propose(self, context):
-            proposal = lookup.propose(context)
-            proposal.setup_s = 0.0 if calls else 0.5
-            if not calls:
-                time.sleep(0.5)
-            calls.append(proposal.setup_s)
-            return proposal
-
-    policy = DraftLengthPolicy(FLAT, max_k=4)
-    observed = []
-    observe = policy.observe
-
-    def timed(proposed, accepted, propose_s, *args):
-        observed.append(propose_s)
-        return observe(proposed, accepted, propose_s, *args)
-
-    monkeypatch.setattr(policy, "observe", timed)
-    prompt = torch.randint(5, 128, (12,), generator=torch.Generator().manual_seed(0)).tolist()
-    reply = Engine(target, CompilingOnce(), policy).generate(prompt, 12)
-    assert calls[0] == 0.5 and reply.stats.setup_s == 0.5
-    assert reply.stats.total_s < 0.5 and observed and max(observed) < 0.1
