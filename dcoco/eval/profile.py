@@ -92,8 +92,8 @@ def run(config: ProfileConfig) -> int:
         default_target = target, forward_curve(target, config.max_tokens)
     target, curve = default_target
     report["default"] = {"setting": curve.setting, "methods": {}}
+    options = MethodOptions(compile_head=config.compile_head)
     for method in methods:
-        options = MethodOptions(compile_head=config.compile_head)
         report["default"]["methods"][method] = _method_costs(target, curve, method, options)
     print(json.dumps(report, indent=1) if config.json else _tables(report))
     return 0
