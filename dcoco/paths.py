@@ -111,6 +111,14 @@ def portable(path: str | Path) -> str:
     return os.path.relpath(absolute, REPO_ROOT)
 
 
+def local(path: str) -> str:
+    """The inverse of `portable` for the cache: a leading `$DCOCO_CACHE_DIR` becomes this
+    machine's cache dir (recipes name what earlier commands wrote there this way)."""
+    if path == CACHE_TOKEN or path.startswith(CACHE_TOKEN + "/"):
+        return str(cache_dir()) + path[len(CACHE_TOKEN) :]
+    return path
+
+
 def portable_record(value):
     """A copy of a JSON-like record with every absolute path string made `portable`."""
     if isinstance(value, dict):

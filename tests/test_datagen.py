@@ -46,3 +46,31 @@ def test_engine_choice_is_checked_and_auto_falls_back_to_hf(monkeypatch):
         _vllm_python("vllm")
     with pytest.raises(DcocoError, match="--engine must be"):
         run(DatagenConfig(prompts="unused.jsonl", engine="sglang"))
+
+
+def test_sampled_replies_leave_greedy_and_repeat_with_their_seed(tmp_path):
+    target = make_tiny_target("llama")
+    target.tokenizer = CharTokenizer()
+    rows = [{"id": f"p{i}", "turns": ["ab" * (i + 1)]} for i in range(4)]
+    prompts_file = tmp_path / "prompts.jsonl"
+    prompts_file.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    prompts = read_prompts(str(prompts_file))
+
+    def replies(name: str, seed: int) -> dict[str, tuple[int, ...]]:
+        config = DatagenConfig(
+            out=str(tmp_path / name), batch_size=4, max_new_tokens=12, chat=False,
+            temperature=1.0, seed=seed,
+        )  # fmt: skip
+        assert generate_corpus(target, prompts, config) == 4
+        return {s.id: s.response_ids for s in load_corpus(tmp_path / name)}
+
+    first, again, other = replies("a", 0), replies("b", 0), replies("c", 1)
+    assert first == again  # the seed fixes the replies
+    assert first != other
+    greedy = {
+        s.id: tuple(reference_greedy(target, list(s.prompt_ids), 12))
+        for s in load_corpus(tmp_path / "a")
+    }
+    assert first != greedy  # a random tiny model's next-token distribution is far from one-hot
+    with pytest.raises(DcocoError, match="--temperature"):
+        run(DatagenConfig(prompts=str(prompts_file), temperature=-1.0))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dcoco.paths import CACHE_TOKEN, REPO_ROOT, portable, portable_record
+from dcoco.paths import CACHE_TOKEN, REPO_ROOT, local, portable, portable_record
 
 SHIPPED = [REPO_ROOT / "checkpoints", REPO_ROOT / "results"]
 # /abs/path, ~/path, C:\path: a whole string value that names a place on one machine
@@ -54,6 +54,9 @@ def test_portable_paths_are_relative_to_the_checkout_or_the_cache(tmp_path, monk
     assert portable(REPO_ROOT.parent / "shared" / "data") == "../shared/data"
     assert portable(tmp_path / "cache" / "targets" / "x") == f"{CACHE_TOKEN}/targets/x"
     assert portable("runs/relative") == "runs/relative" and portable("") == ""
+    cached = tmp_path / "cache" / "corpus" / "t1"
+    assert local(portable(cached)) == str(cached)  # a recipe's cache path, back on this machine
+    assert local("runs/a") == "runs/a" and local("$DCOCO_CACHE_DIRX") == "$DCOCO_CACHE_DIRX"
     record = {"out": str(REPO_ROOT / "runs" / "a"), "argv": [str(REPO_ROOT / "x.py"), "--lr"]}
     assert portable_record(record) == {"out": "runs/a", "argv": ["x.py", "--lr"]}
     assert not any(ABSOLUTE.match(s) for s in strings(portable_record({"p": str(Path.home())})))

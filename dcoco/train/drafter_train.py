@@ -58,6 +58,8 @@ class DrafterTrainConfig:
     anchor_chunk: int = 32
     copy_hints: bool = False
     copy_gate: bool = False
+    mix_corpus: str = ""
+    mix_share: float = 0.5
 
     def __post_init__(self) -> None:
         positive = [
@@ -70,6 +72,8 @@ class DrafterTrainConfig:
             "window_doubling_steps",
         ]
         bad = [name for name in positive if getattr(self, name) < 1]
+        if not 0 < self.mix_share <= 1:
+            raise DcocoError(f"--mix-share must be in (0, 1], got {self.mix_share}")
         if self.add_layers and not self.init:
             raise DcocoError("--add-layers grows an --init drafter: pass the checkpoint to grow")
         if bad or self.block_size < 2 or self.gamma <= 0 or self.lr <= 0:
@@ -135,6 +139,12 @@ HELPS = {
     "copy_hints": "fill the mask slots with prompt lookup's tokens where it has a match "
     "(dcoco.models.copy_hints), so the drafter learns when to copy; with --init, turns them on "
     "for the init's weights. vLLM runs such a drafter through dcoco's plugin (dcoco serve)",
+    "mix_corpus": "a second corpus trained on beside --corpus (e.g. the target's sampled replies, "
+    "`dcoco datagen --temperature 1`; dcoco.train.corpus_mix): its ids must differ from the "
+    "corpus's, records answering a held-out prompt are dropped; a leading $DCOCO_CACHE_DIR is "
+    "the cache dir; empty = none",
+    "mix_share": "the mix corpus's share of the training records: the corpus's records are "
+    "subsampled (a fixed random subset) to leave it this share, or all kept",
     "copy_gate": "add a learnt bonus to each hinted slot's hint logit, read from the slot's hidden "
     "state and zero at the start (implies --copy-hints; with --init, added to the init's weights)",
 }

@@ -33,8 +33,8 @@ from dcoco.train.block_pass import (
     prepare_item,
 )
 from dcoco.train.blocks import slot_weights
+from dcoco.train.corpus_mix import mix_in, open_features
 from dcoco.train.distributed import finish, init_ranks, rank_device, sum_gradients
-from dcoco.train.feature_cache import open_features
 from dcoco.train.grow import grow_drafter
 from dcoco.train.run_dir import RunDir
 from dcoco.train.run_end import artefact_dir, finish_run, save_artefact, write_provenance
@@ -92,6 +92,7 @@ def setup(config, target, samples, head_setup: HeadSetup | None) -> Run:
     train_set, heldout = split_heldout(samples, config.heldout)
     if head_setup and head_setup.train_ids is not None:  # after the split: the same held-out
         train_set = [s for s in train_set if s.id in head_setup.train_ids]
+    train_set = mix_in(config, train_set, heldout, drafter.config.block_size)  # after the filter
     if not train_set:
         raise DcocoError(
             f"no training record has a response of >= {drafter.config.block_size} tokens"

@@ -7,15 +7,21 @@ sampled from q_j with probability sum_x min(p_j(x), q_j(x)) (Leviathan et al., 2
 read off the same teacher-forced blocks: p_j from the target's forward over the held-out reply,
 q_j from the drafter's pass, both at T = 1. Past slot 1 the target's p_j is conditioned on the
 greedy reply's tokens, not on the sampled drafts: slot 1 is exact, the later slots are an
-estimate. Prints the per-slot means and the τ they imply for k drafts (slots independent).
+estimate. Prints the per-slot means and the τ they imply for k drafts (slots independent), and
+the ceiling of any deterministic draft: the target's own argmax, accepted with max_x p_j(x).
 
-Usage: .venv/bin/python scripts/reproduce/sampled_acceptance.py [CHECKPOINT] [RECORDS]
+CORPUS=DIR reads the held-out blocks from another corpus (the target's sampled replies to the
+held-out prompts, `dcoco datagen --temperature 1`): the contexts a server at T = 1 drafts in.
+
+Usage: [CORPUS=DIR] .venv/bin/python scripts/reproduce/sampled_acceptance.py [CHECKPOINT] [RECORDS]
   (defaults: dflash 32; the shared corpus of SmolLM2, as `dcoco heldout`)
 """
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 import torch
 
@@ -33,9 +39,10 @@ def main(checkpoint: str, records: int) -> None:
     target = load_target(DEFAULT_TARGET, "fp32")
     drafter = build_proposer(f"dflash@{checkpoint}", target, MethodOptions()).drafter
     features = TargetFeatures(target, drafter.config.target_layer_ids, "")
-    _, heldout = split_heldout(load_corpus(default_corpus(DEFAULT_TARGET)), records)
+    corpus = Path(os.environ.get("CORPUS") or default_corpus(DEFAULT_TARGET))
+    _, heldout = split_heldout(load_corpus(corpus), records)
     block, generator = drafter.config.block_size, torch.Generator().manual_seed(0)
-    argmax_rates, sampled_rates = [], []  # [blocks, slots] each
+    argmax_rates, sampled_rates, ceiling_rates = [], [], []  # [blocks, slots] each
     with torch.no_grad():
         for sample in heldout:
             if len(sample.response_ids) < block:
@@ -52,13 +59,16 @@ def main(checkpoint: str, records: int) -> None:
                 top = draft.argmax(-1, keepdim=True)
                 argmax_rates.append(p.gather(-1, top).squeeze(-1))
                 sampled_rates.append(torch.minimum(p, draft).sum(-1))
-    for name, rates in (("argmax", argmax_rates), ("sampled", sampled_rates)):
+                ceiling_rates.append(p.amax(-1))
+    rows = (("argmax", argmax_rates), ("sampled", sampled_rates), ("ceiling", ceiling_rates))
+    for name, rates in rows:
         per_slot = torch.cat(rates).mean(0).tolist()
         taus = [expected_tokens(per_slot, k) for k in (1, 2, 3, 7)]
         cells = " ".join(f"{a:.3f}" for a in per_slot)
         print(f"{checkpoint} {name:8s} slot acceptance {cells} | tau k=1,2,3,7: "
               + " ".join(f"{t:.2f}" for t in taus))  # fmt: skip
-    print(f"({torch.cat(argmax_rates).shape[0]} blocks, {len(heldout)} records, T = 1)")
+    blocks = torch.cat(argmax_rates).shape[0]
+    print(f"({blocks} blocks, {len(heldout)} records of {corpus.name}, T = 1)")
 
 
 if __name__ == "__main__":
