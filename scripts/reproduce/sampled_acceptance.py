@@ -13,6 +13,9 @@ the ceiling of any deterministic draft: the target's own argmax, accepted with m
 CORPUS=DIR reads the held-out blocks from another corpus (the target's sampled replies to the
 held-out prompts, `dcoco datagen --temperature 1`): the contexts a server at T = 1 drafts in.
 
+A METHOD@CHECKPOINT spec with a head (e.g. dcoco@dcoco-joint-12k) adds the head's picks (`head`),
+scored the same way; a bare checkpoint name is its drafter alone.
+
 Usage: [CORPUS=DIR] .venv/bin/python scripts/reproduce/sampled_acceptance.py [CHECKPOINT] [RECORDS]
   (defaults: dflash 32; the shared corpus of SmolLM2, as `dcoco heldout`)
 """
@@ -28,6 +31,7 @@ import torch
 from dcoco.data.distill import load_corpus, split_heldout
 from dcoco.decode.draft_length import expected_tokens
 from dcoco.decode.methods import MethodOptions, build_proposer
+from dcoco.models.heads import select_draft
 from dcoco.models.loading import DEFAULT_TARGET, load_target
 from dcoco.paths import default_corpus
 from dcoco.train.block_pass import AnchorRule, block_chunks, prepare_item
@@ -37,12 +41,14 @@ from dcoco.train.target_features import TargetFeatures
 def main(checkpoint: str, records: int) -> None:
     torch.manual_seed(0)
     target = load_target(DEFAULT_TARGET, "fp32")
-    drafter = build_proposer(f"dflash@{checkpoint}", target, MethodOptions()).drafter
+    spec = checkpoint if "@" in checkpoint else f"dflash@{checkpoint}"
+    proposer = build_proposer(spec, target, MethodOptions())
+    drafter, head = proposer.drafter, getattr(proposer, "head", None)
     features = TargetFeatures(target, drafter.config.target_layer_ids, "")
     corpus = Path(os.environ.get("CORPUS") or default_corpus(DEFAULT_TARGET))
     _, heldout = split_heldout(load_corpus(corpus), records)
     block, generator = drafter.config.block_size, torch.Generator().manual_seed(0)
-    argmax_rates, sampled_rates, ceiling_rates = [], [], []  # [blocks, slots] each
+    argmax_rates, sampled_rates, ceiling_rates, head_rates = [], [], [], []  # [blocks, slots]
     with torch.no_grad():
         for sample in heldout:
             if len(sample.response_ids) < block:
@@ -52,7 +58,8 @@ def main(checkpoint: str, records: int) -> None:
             for chunk, anchors in zip(
                 block_chunks(drafter, item, 32), item.anchors.split(32), strict=True
             ):
-                draft = drafter.logits(chunk.hidden, chunk.hint_ids).float().softmax(-1)
+                draft_logits = drafter.logits(chunk.hidden, chunk.hint_ids).float()
+                draft = draft_logits.softmax(-1)
                 slots = torch.arange(draft.shape[1])
                 # p_j: the target's next-token distribution at anchor + j - 1, j = 1..slots
                 p = logits[anchors[:, None] + slots[None]].float().softmax(-1)  # [n, slots, V]
@@ -60,8 +67,13 @@ def main(checkpoint: str, records: int) -> None:
                 argmax_rates.append(p.gather(-1, top).squeeze(-1))
                 sampled_rates.append(torch.minimum(p, draft).sum(-1))
                 ceiling_rates.append(p.amax(-1))
-    rows = (("argmax", argmax_rates), ("sampled", sampled_rates), ("ceiling", ceiling_rates))
-    for name, rates in rows:
+                if head is not None:  # the head's pick (the corrector reads the anchor too)
+                    picks = select_draft(
+                        head, chunk.hidden, draft_logits, chunk.anchor_ids, proposer.selection
+                    )
+                    head_rates.append(p.gather(-1, picks[..., None]).squeeze(-1))
+    rows = [("argmax", argmax_rates), ("sampled", sampled_rates), ("ceiling", ceiling_rates)]
+    for name, rates in rows + ([("head", head_rates)] if head_rates else []):
         per_slot = torch.cat(rates).mean(0).tolist()
         taus = [expected_tokens(per_slot, k) for k in (1, 2, 3, 7)]
         cells = " ".join(f"{a:.3f}" for a in per_slot)
