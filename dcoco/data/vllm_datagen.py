@@ -34,7 +34,7 @@ def answer(request: dict) -> dict:
         dtype=request["dtype"],  # vLLM's spelling (float32, bfloat16, ...)
         tensor_parallel_size=request["tensor_parallel_size"],
         max_model_len=request["max_model_len"],
-        seed=request.get("seed", 0),
+        seed=request["seed"],
         enforce_eager=request["enforce_eager"],
         **kv_cache,
     )
@@ -43,7 +43,7 @@ def answer(request: dict) -> dict:
     # prefilled in chunks ("CPU Generator does not use offset"), so sampled replies depend on the
     # batching (a resumed run samples other replies for the records it redoes).
     params = SamplingParams(
-        temperature=request.get("temperature", 0.0), top_p=1.0, top_k=0,
+        temperature=request["temperature"], top_p=1.0, top_k=0,
         max_tokens=request["max_new_tokens"],
     )  # fmt: skip
     records, chunk, new_tokens = request["records"], request["chunk"], 0

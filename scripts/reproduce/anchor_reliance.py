@@ -2,7 +2,9 @@
 argmax stays the same when the anchor token is replaced by a random one (1.0: the anchor is
 ignored; a drafter predicting the token after the anchor from the anchor itself changes it almost
 always). On the corpus's greedy held-out replies and, with CORPUS=DIR, on another corpus's (the
-target's sampled replies, `dcoco datagen --temperature 1`).
+target's sampled replies, `dcoco datagen --temperature 1`). The blocks carry no copy hints
+(every mask slot reads MASK, as where prompt lookup finds no match), so the anchor swap changes
+nothing else: this is dcoco.train.block_pass.block_chunks's pass without its hints.
 
 Usage: [CORPUS=DIR] .venv/bin/python scripts/reproduce/anchor_reliance.py [CHECKPOINT] [RECORDS]
   (defaults: dflash 12: 32 blocks of each of the first 12 held-out replies)
