@@ -53,8 +53,11 @@ def test_serve_command_for_a_drafter(serve_dirs):
         "disable_eagle_block_drop": True,  # a DFlash drafter keeps the whole prefix-cache hit
         # vLLM's stock DFlash drafter (this one's architecture) has no get_top_tokens
         "use_local_argmax_reduction": False,
+        "draft_sample_method": "probabilistic",  # sampled requests draw their drafts
     }
     assert argv[argv.index("--per-request-spec-decode-metrics") + 1] == "summary"
+    config = replace(config, sampled_drafts=False)
+    assert speculative_config(config)["draft_sample_method"] == "greedy"
     assert "--enforce-eager" in argv and argv[-2:] == ["--max-num-batched-tokens", "512"]
 
 

@@ -89,7 +89,8 @@ class Engine:
             if self.draft_length and proposer is not None and max_slots > 0:  # auto; 0: plain step
                 max_slots = min(max_slots, self.draft_length.next_length(mode))
             tick = time.perf_counter()
-            proposal = self._propose(tokens, new_features, max_slots)
+            draft_context = DraftContext(tokens, new_features, max_slots, sampling, generator)
+            proposal = self._propose(draft_context)
             propose_s = _elapsed(tick, device) - proposal.setup_s
             stats.setup_s += proposal.setup_s
             stats.draft_s += propose_s - proposal.correct_s
@@ -124,10 +125,11 @@ class Engine:
             return ContextMode()
         return ContextMode(match_length(tokens), None if sampling.greedy else sampling)
 
-    def _propose(self, tokens, new_features, max_slots: int) -> Proposal:
+    def _propose(self, context: DraftContext) -> Proposal:
+        max_slots = context.max_slots
         if self.proposer is None or max_slots <= 0:
-            return empty_proposal(tokens.device)
-        proposal = self.proposer.propose(DraftContext(tokens, new_features, max_slots))
+            return empty_proposal(context.tokens.device)
+        proposal = self.proposer.propose(context)
         if proposal.num_slots > max_slots:
             proposal = Proposal(
                 draft_tokens=proposal.draft_tokens[:, :max_slots],

@@ -1,7 +1,9 @@
 """The head proposer: the DFlash drafter's one pass, then a draft head (dcoco.models.heads) turns it
 into the draft: the DCOCO corrector with the selection rule this proposer passes on every call, or a
 sequential DSpark/Domino-style head.
-Every head's draft is deterministic, so the engine verifies it as a point mass (lossless)."""
+Every head's draft is deterministic, so the engine verifies it as a point mass (lossless); with
+`sampled_drafts`, a sampled request gets the drafter's sampled drafts instead (a draw from q is
+accepted more often than any one pick at T = 1: dcoco.decode.sampled_drafts)."""
 
 from __future__ import annotations
 
@@ -29,11 +31,12 @@ class HeadProposer(DFlashProposer):
         selection: str | None = None,
         acceptance_prior: tuple[float, ...] = (),
         compile_head: bool = False,
+        sampled_drafts: bool = False,
     ):
         """`selection`: the corrector's rule (dcoco.models.selection); None = its default.
         `acceptance_prior`: as for DFlashProposer. `compile_head`: a DCOCO corrector's pick
         compiled (dcoco.models.head_compile) on the first draft."""
-        super().__init__(drafter, num_draft_tokens, acceptance_prior)
+        super().__init__(drafter, num_draft_tokens, acceptance_prior, sampled_drafts)
         head_hidden = getattr(head.config, "hidden_size", drafter.config.hidden_size)
         if head_hidden != drafter.config.hidden_size:
             raise DcocoError(
@@ -77,6 +80,8 @@ class HeadProposer(DFlashProposer):
     def propose(self, context: DraftContext) -> Proposal:
         # Cut to this cycle's slots first, so path rules weigh only the slots proposed.
         logits, hidden = self.draft_block(context)  # [batch, slots, vocab], [batch, slots, hidden]
+        if self.sampled_drafts and context.sampled:
+            return self.sampled_proposal(logits, context)
         tick = time.perf_counter()
         anchor_ids = context.tokens[-1:].expand(logits.shape[0])  # [batch]
         setup_before = self.select.setup_s

@@ -14,6 +14,8 @@ pass, so its context cache stays whole.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import Tensor
 
@@ -49,4 +51,4 @@ class HybridProposer:
             self._unread = features
             return Proposal(draft_tokens=hints[None])
         self._unread = None
-        return self.dflash.propose(DraftContext(context.tokens, features, context.max_slots))
+        return self.dflash.propose(replace(context, new_features=features))

@@ -42,6 +42,7 @@ class MethodOptions:
     draft_dtype: str = "auto"  # the drafter's precision (dcoco.decode.draft_precision)
     draft_vocab: str = "auto"  # the drafter's head rows (dcoco.models.draft_vocab)
     compile_head: bool = False  # the DCOCO corrector's pick compiled (dcoco.models.head_compile)
+    sampled_drafts: bool = False  # sampled requests draw drafts (dcoco.decode.sampled_drafts)
 
 
 @dataclass(frozen=True)
@@ -190,7 +191,7 @@ def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> 
         drafter = pack_drafter(drafter, target)
         drafter.use_draft_vocab(_vocab_ids(options, target))
         proposer = DFlashProposer(
-            drafter, num_draft_tokens=num_draft_tokens, acceptance_prior=prior
+            drafter, num_draft_tokens, prior, sampled_drafts=options.sampled_drafts
         )
         return proposer if spec.method == "dflash" else HybridProposer(proposer)
     head = load_head(path, target, drafter, drafter.dtype)
@@ -204,4 +205,5 @@ def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> 
         selection=resolved.selection,
         acceptance_prior=prior,
         compile_head=options.compile_head,
+        sampled_drafts=options.sampled_drafts,
     )

@@ -13,7 +13,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from dcoco.contracts import Proposal
+from dcoco.contracts import Proposal, SamplingParams
 from dcoco.models.copy_hints import NO_HINT, last_match
 
 
@@ -24,6 +24,14 @@ class DraftContext:
     # yet (positions before the anchor), or None when the proposer needs no features.
     new_features: Tensor | None
     max_slots: int
+    # The request's sampling and generator: a drafter may sample its drafts (greedy or None: it
+    # drafts its argmax).
+    sampling: SamplingParams | None = None
+    generator: torch.Generator | None = None
+
+    @property
+    def sampled(self) -> bool:
+        return self.sampling is not None and not self.sampling.greedy
 
 
 class Proposer(Protocol):

@@ -42,6 +42,7 @@ class DecodeConfig:
     head_dtype: str = "auto"  # LM head precision: auto (measured with --dtype) | target | fp32
     draft_vocab: str = "auto"  # drafter head rows: auto (16000 most frequent) | full | N
     compile_head: bool = True  # compile the DCOCO corrector's pick (torch.compile, first draft)
+    sampled_drafts: bool = True  # at T > 0 draw drafts from the drafter's distribution, not argmax
 
     def sampling(self, temperature: float = 0.0) -> SamplingParams:
         return SamplingParams(temperature=temperature, top_p=self.top_p, top_k=self.top_k)
@@ -55,6 +56,7 @@ class DecodeConfig:
             draft_dtype=check_draft_dtype(self.draft_dtype),  # bad input fails at once
             draft_vocab=check_draft_vocab(self.draft_vocab),
             compile_head=self.compile_head,
+            sampled_drafts=self.sampled_drafts,
         )
 
     def fixed_draft_tokens(self) -> int | None:

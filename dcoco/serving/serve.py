@@ -60,6 +60,7 @@ class ServeConfig:
     max_num_seqs: int = 0  # 0 = vLLM's default
     enforce_eager: bool = True  # no torch.compile: starts in about a minute instead of several
     compile_head: bool = True  # compile the draft head's pick (torch.compile) on its first call
+    sampled_drafts: bool = True  # sampled requests draw drafts from the drafter (probabilistic)
     kv_cache_gib: float = 1.0  # KV cache size (vLLM's --kv-cache-memory-bytes)
     served_model_name: str = ""  # empty = the target's name
     per_request_metrics: bool = True  # each response carries its own acceptance metrics
@@ -286,12 +287,15 @@ def _drafter_config(config: ServeConfig) -> dict:
     # token); a DFlash drafter's context K/V needs only the position's own hidden state. The drop
     # cut the bench's hit rate to 7% against plain's 36% (docs/serving.md). Our model class hands
     # its token ids over (get_top_tokens): no argmax over every token (results/*-vllm-token-ids).
+    # Sampled requests draw their drafts from the drafter's distribution, verified against it
+    # (dcoco.decode.sampled_drafts); greedy ones keep the argmax either way.
     return {
         "method": "dflash",
         "model": str(model),
         "num_speculative_tokens": num,
         "disable_eagle_block_drop": True,
         "use_local_argmax_reduction": serves_token_ids(Path(model)),
+        "draft_sample_method": "probabilistic" if config.sampled_drafts else "greedy",
     }
 
 

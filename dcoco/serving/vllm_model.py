@@ -7,7 +7,9 @@ class) with two optional additions:
   config from config.json's `dcoco_head`, weights from the checkpoint's `head.*` tensors). See
   dcoco.serving.vllm_plugin for how the head's choice reaches vLLM's draft; above the head's
   ceiling of running requests (dcoco.serving.head_ceiling; a ceiling of its own in steps whose
-  requests are all sampled) the drafter's own top-1 is the draft;
+  requests are all sampled) the drafter's own top-1 is the draft, and with sampled drafts
+  (`draft_sample_method: probabilistic`) a step of sampled requests draws from the drafter's
+  distribution without the head;
 - `self.copy_gate` of a copy-hint drafter (config.json `dcoco.copy_gate`, weights `copy_gate.*`):
   its bonus goes on each mask row's hint, which dcoco.serving.vllm_hints wrote into the rows'
   input ids, as `BlockDrafter.logits` does in our engine.
@@ -86,6 +88,10 @@ class DcocoDFlashForCausalLM(DFlashQwen3ForCausalLM):
             raise ValueError(f"config.json {SELECTION_KEY}: {error}") from error
         speculative = vllm_config.speculative_config
         self._default_slots = int(speculative.num_speculative_tokens or 0)
+        # Sampled drafts (`draft_sample_method: probabilistic`, as `dcoco serve` sets it): vLLM
+        # draws a sampled request's drafts from these logits, which a head's point mass would make
+        # deterministic again (dcoco.decode.sampled_drafts: a draw lands more often at T = 1).
+        self._sampled_drafts = getattr(speculative, "draft_sample_method", "") == "probabilistic"
         self._mask_token_id = self.model.mask_token_id
         self._input_ids: Tensor | None = None
         self.sampled_step = False  # set per step by dcoco.serving.vllm_no_draft's proposer wrapper
@@ -180,7 +186,9 @@ class DcocoDFlashForCausalLM(DFlashQwen3ForCausalLM):
             max_slots = max(1, self._default_slots)
             self._select = HeadSelect(self.head, self._selection, self._column_ids, max_slots,
                                       compile=self._compile_head)  # fmt: skip
-        if requests > head_max_batch(self.sampled_step):  # the drafter's top-1 is the draft
+        if requests > head_max_batch(self.sampled_step) or (
+            self.sampled_step and self._sampled_drafts
+        ):  # the drafter's own top-1, or a draw from its distribution, is the draft
             self._select.prepare(*block)  # compiled before the head first picks
             return logits, None
         return logits, self._select(*block).reshape(-1)  # [rows] the head's token ids

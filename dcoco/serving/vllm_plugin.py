@@ -18,9 +18,12 @@ DFlash proposer runs the drafter once over `[anchor, MASK x K]` per request, the
 rows' draft tokens from the model: `get_top_tokens(hidden)` where `dcoco serve` sets
 `use_local_argmax_reduction` (the head's choice, or the drafter's top-1, as token ids), else
 `compute_logits(hidden).argmax(-1)`. Our `compute_logits` runs the head on those rows and returns
-a point mass at the head's choice (`point_mass_logits`), so the argmax is the head's draft; with
-probabilistic draft sampling the proposal is the same point mass, which keeps vLLM's rejection
-sampler lossless. The helpers below are plain torch, testable without vLLM.
+a point mass at the head's choice (`point_mass_logits`), so the argmax is the head's draft. With
+probabilistic draft sampling (`dcoco serve` sets it) a step whose requests are all sampled skips
+the head and vLLM draws each draft from the drafter's distribution, verified against it; a step
+holding a greedy request keeps the head's point mass, which vLLM's rejection sampler verifies as
+a deterministic draft. Either way lossless. The helpers below are plain torch, testable without
+vLLM.
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ checkpoint's name or a directory: the one `dcoco serve` hands vLLM (under
 $DCOCO_CACHE_DIR/serve/, with its draft vocabulary) times what a server runs. DCOCO_HEAD_MAX_BATCH=0
 switches the draft head off (dcoco.serving.head_ceiling); TEMPERATURE=1 samples (default 0);
 DRAFT_SCHEDULE=GREEDY/SAMPLED@N/M serves that schedule instead of K at every batch size;
-LOCAL_ARGMAX=0 has vLLM take the argmax of the drafter's logits itself (before `dcoco serve` set
-use_local_argmax_reduction).
+DRAFT_SAMPLING=probabilistic has sampled requests draw their drafts from the drafter's distribution
+(vLLM's draft_sample_method; default greedy); LOCAL_ARGMAX=0 has vLLM take the argmax of the
+drafter's logits itself (before `dcoco serve` set use_local_argmax_reduction).
 
 Usage (the vLLM venv):
   LD_PRELOAD=.venv-vllm/lib/libiomp5.so VLLM_ENABLE_V1_MULTIPROCESSING=0 \
@@ -118,6 +119,7 @@ def _speculative(checkpoint: str, k: int) -> dict:
         # as `dcoco serve` sets it (the drafter hands over token ids); LOCAL_ARGMAX=0: vLLM's
         # argmax over the logits compute_logits spreads over every token, as before
         "use_local_argmax_reduction": os.environ.get("LOCAL_ARGMAX", "1") == "1",
+        "draft_sample_method": os.environ.get("DRAFT_SAMPLING", "greedy"),
     }
 
 
