@@ -47,6 +47,7 @@ from dcoco.models.head_registry import build_head
 from dcoco.models.row_reduce import row_argmax
 from dcoco.models.selection import check_selection
 from dcoco.serving.head_ceiling import head_max_batch
+from dcoco.serving.vllm_draft_sampling import draw
 from dcoco.serving.vllm_plugin import point_mass_logits, request_layout
 
 
@@ -151,6 +152,18 @@ class DcocoDFlashForCausalLM(DFlashQwen3ForCausalLM):
             return chosen
         columns = row_argmax(logits)  # [rows] draft-vocabulary columns, or token ids
         return columns if self._column_ids is None else self._column_ids[columns]
+
+    def sample_drafts(
+        self, hidden_states: Tensor, temperature: Tensor
+    ) -> tuple[Tensor, Tensor | None]:
+        """Drafts of a step holding sampled requests (dcoco.serving.vllm_draft_sampling): token
+        ids [rows] drawn from the drafter over its columns at each request's `temperature`
+        [requests], and q [rows, vocab]; the head's picks and no q where it picked."""
+        logits, chosen = self._draft(hidden_states)
+        if chosen is not None:
+            return chosen, None
+        per_row = temperature.repeat_interleave(hidden_states.shape[0] // temperature.shape[0])
+        return draw(logits, self._column_ids, self.config.vocab_size, per_row)
 
     def _draft(self, hidden_states: Tensor) -> tuple[Tensor | None, Tensor | None]:
         """The drafter's logits [rows, vocab or N columns] with the copy gate's bonus, and the

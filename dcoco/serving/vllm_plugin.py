@@ -97,6 +97,7 @@ def register() -> None:
     from dcoco.serving import (
         live_schedule,
         vllm_cpu_fixes,
+        vllm_draft_sampling,
         vllm_hints,
         vllm_no_draft,
         vllm_sampled_drafts,
@@ -110,6 +111,7 @@ def register() -> None:
     vllm_hints.install()
     vllm_no_draft.install()
     vllm_sampled_drafts.install()
+    vllm_draft_sampling.install()
     live_schedule.install()  # after vllm_no_draft: it wraps the engine core's post_step again
     _registered = True
 

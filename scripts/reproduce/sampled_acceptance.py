@@ -14,7 +14,10 @@ CORPUS=DIR reads the held-out blocks from another corpus (the target's sampled r
 held-out prompts, `dcoco datagen --temperature 1`): the contexts a server at T = 1 drafts in.
 
 A METHOD@CHECKPOINT spec with a head (e.g. dcoco@dcoco-joint-12k) adds the head's picks (`head`),
-scored the same way; a bare checkpoint name is its drafter alone.
+scored the same way; a bare checkpoint name is its drafter alone. A DCOCO corrector also adds
+`chain`: drafts sampled slot by slot from its transition scores, q_{j+1}(b | a) = softmax_b
+S[j, a, b] over slot j+1's candidates given the reply's token a at slot j (the drafter's own q
+where a is not a candidate; slot 1 from the anchor's scores where the corrector has them).
 
 Usage: [CORPUS=DIR] .venv/bin/python scripts/reproduce/sampled_acceptance.py [CHECKPOINT] [RECORDS]
   (defaults: dflash 32; the shared corpus of SmolLM2, as `dcoco heldout`)
@@ -49,6 +52,7 @@ def main(checkpoint: str, records: int) -> None:
     _, heldout = split_heldout(load_corpus(corpus), records)
     block, generator = drafter.config.block_size, torch.Generator().manual_seed(0)
     argmax_rates, sampled_rates, ceiling_rates, head_rates = [], [], [], []  # [blocks, slots]
+    chain_rates = []
     with torch.no_grad():
         for sample in heldout:
             if len(sample.response_ids) < block:
@@ -72,8 +76,12 @@ def main(checkpoint: str, records: int) -> None:
                         head, chunk.hidden, draft_logits, chunk.anchor_ids, proposer.selection
                     )
                     head_rates.append(p.gather(-1, picks[..., None]).squeeze(-1))
+                if head is not None and head.kind == "dcoco":
+                    q = chain_probs(head, chunk, draft_logits, draft)
+                    chain_rates.append(torch.minimum(p, q).sum(-1))
     rows = [("argmax", argmax_rates), ("sampled", sampled_rates), ("ceiling", ceiling_rates)]
-    for name, rates in rows + ([("head", head_rates)] if head_rates else []):
+    rows += [("head", head_rates)] if head_rates else []
+    for name, rates in rows + ([("chain", chain_rates)] if chain_rates else []):
         per_slot = torch.cat(rates).mean(0).tolist()
         taus = [expected_tokens(per_slot, k) for k in (1, 2, 3, 7)]
         cells = " ".join(f"{a:.3f}" for a in per_slot)
@@ -81,6 +89,28 @@ def main(checkpoint: str, records: int) -> None:
               + " ".join(f"{t:.2f}" for t in taus))  # fmt: skip
     blocks = torch.cat(argmax_rates).shape[0]
     print(f"({blocks} blocks, {len(heldout)} records of {corpus.name}, T = 1)")
+
+
+def chain_probs(head, chunk, draft_logits, draft):
+    """q_j [n, slots, V] of drafts sampled along the corrector's transitions, each slot given the
+    reply's token at the slot before (teacher-forced, as p_j is)."""
+    scores = head(chunk.hidden, draft_logits.to(chunk.hidden.dtype), chunk.anchor_ids)
+    ids = scores.candidate_ids  # [n, slots, K]
+    q = draft.clone()  # the drafter's own q where the chain has no row
+    if scores.start is not None:
+        q[:, 0] = 0
+        q[:, 0].scatter_(-1, ids[:, 0], scores.start.float().softmax(-1))
+    for slot in range(1, ids.shape[1]):
+        previous = chunk.label_ids[:, slot - 1]  # [n]
+        hit = ids[:, slot - 1] == previous[:, None]  # [n, K]
+        rows = hit.any(-1).nonzero().flatten()
+        if rows.numel() == 0:
+            continue
+        a = hit[rows].float().argmax(-1)  # the candidate index of the reply's token
+        row_scores = scores.transitions[rows, slot - 1, a].float()  # [rows, K]
+        q[rows, slot] = 0
+        q[rows, slot] = q[rows, slot].scatter(-1, ids[rows, slot], row_scores.softmax(-1))
+    return q
 
 
 if __name__ == "__main__":
