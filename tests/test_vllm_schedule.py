@@ -241,53 +241,6 @@ def test_head_picks_drafts_only_up_to_its_ceiling_and_output_stays_plain(monkeyp
 
 
 @pytest.mark.vllm
-def test_sampled_drafts_skip_the_head_in_steps_of_sampled_requests(monkeypatch):
-    """With `draft_sample_method: probabilistic` (as `dcoco serve` sets it) a step whose requests
-    are all sampled drafts from the drafter's distribution, drawn by the plugin
-    (dcoco.serving.vllm_draft_sampling): the head never picks there, and vLLM gets draft
-    probabilities to verify against. Greedy fp32 output still equals plain vLLM's, the
-    head picking its drafts."""
-    pytest.importorskip("vllm")
-    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
-
-    from dcoco.models import head_compile
-    from dcoco.serving import vllm_model
-
-    for key, value in ENV.items():
-        monkeypatch.setenv(key, value)
-    picks, probabilities, draws = [], [], []
-    select, take = head_compile.select_draft, SpecDecodeBaseProposer.take_last_draft_probs
-
-    def counted(head, hidden, *args):
-        picks.append(hidden.shape[0])
-        return select(head, hidden, *args)
-
-    def taken(self):
-        probs = take(self)
-        probabilities.append(probs is not None)
-        return probs
-
-    def drawn(logits, *args):
-        draws.append(logits.shape[-1])  # over the drafter's columns
-        return draw(logits, *args)
-
-    draw = vllm_model.draw
-    monkeypatch.setattr(head_compile, "select_draft", counted)
-    monkeypatch.setattr(SpecDecodeBaseProposer, "take_last_draft_probs", taken)
-    monkeypatch.setattr(vllm_model, "draw", drawn)
-    speculative = {
-        "method": "dflash",
-        "model": str(checkpoints_dir() / TARGET / CHECKPOINT),
-        "num_speculative_tokens": 3,
-        "draft_sample_method": "probabilistic",
-    }
-    _generate(speculative, (1.0,) * len(PROMPTS))
-    assert picks == [] and any(probabilities) and draws  # our draw over the columns
-    assert _generate(speculative) == _generate(None)
-    assert picks  # greedy steps keep the head
-
-
-@pytest.mark.vllm
 def test_runner_shortcut_stores_the_same_context_as_the_proposer_path(monkeypatch):
     """At K = 0 the runner's shortcut writes the drafter's context itself: the drafts of the
     steps that draft again afterwards equal those of vLLM's own path, token for token (fp32)."""
