@@ -17,6 +17,7 @@ from torch import Tensor
 
 from dcoco.contracts import Proposal, SamplingParams
 from dcoco.decode.sampling import logits_to_probs, sample
+from dcoco.models.draft_vocab import full_vocab_probs
 
 
 def sampled_proposal(
@@ -32,6 +33,5 @@ def sampled_proposal(
     drawn = sample(probs, generator)  # [batch, slots] column indices
     if columns is None:
         return Proposal(draft_tokens=drawn, draft_probs=probs)
-    draft_probs = probs.new_zeros(*probs.shape[:-1], vocab_size)  # [batch, slots, vocab]
-    draft_probs[..., columns] = probs
+    draft_probs = full_vocab_probs(probs, columns, vocab_size)  # [batch, slots, vocab]
     return Proposal(draft_tokens=columns[drawn], draft_probs=draft_probs)

@@ -152,8 +152,18 @@ def hint_columns(token_ids: Tensor, column_of: Tensor) -> Tensor:
 def full_vocab_logits(logits: Tensor, token_ids: Tensor, vocab_size: int) -> Tensor:
     """Column logits [..., N] spread over the whole vocabulary [..., vocab], -inf elsewhere (for
     the heads that read every token's logit)."""
-    full = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))
-    full[..., token_ids] = logits
+    return _spread(logits, token_ids, vocab_size, float("-inf"))
+
+
+def full_vocab_probs(probs: Tensor, token_ids: Tensor, vocab_size: int) -> Tensor:
+    """Column probabilities [..., N] spread over the whole vocabulary [..., vocab], 0 elsewhere
+    (a sampled draft's q, which the verifier reads by token id)."""
+    return _spread(probs, token_ids, vocab_size, 0.0)
+
+
+def _spread(values: Tensor, token_ids: Tensor, vocab_size: int, fill: float) -> Tensor:
+    full = values.new_full((*values.shape[:-1], vocab_size), fill)
+    full[..., token_ids] = values
     return full
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from dcoco.models.draft_vocab import full_vocab_probs
 from dcoco.serving.vllm_sampled_drafts import GREEDY_BELOW
 
 _installed = False
@@ -37,9 +38,7 @@ def draw(
     columns = torch.where(greedy, probs.argmax(-1), (probs / noise).argmax(-1))  # [rows]
     if column_ids is None:
         return columns, probs
-    full = probs.new_zeros(probs.shape[0], vocab_size)
-    full[:, column_ids] = probs
-    return column_ids[columns], full
+    return column_ids[columns], full_vocab_probs(probs, column_ids, vocab_size)
 
 
 def install() -> None:
