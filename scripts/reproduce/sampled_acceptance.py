@@ -98,8 +98,7 @@ def chain_probs(head, chunk, draft_logits, draft):
     ids = scores.candidate_ids  # [n, slots, K]
     q = draft.clone()  # the drafter's own q where the chain has no row
     if scores.start is not None:
-        q[:, 0] = 0
-        q[:, 0].scatter_(-1, ids[:, 0], scores.start.float().softmax(-1))
+        q[:, 0] = torch.zeros_like(q[:, 0]).scatter(-1, ids[:, 0], scores.start.float().softmax(-1))
     for slot in range(1, ids.shape[1]):
         previous = chunk.label_ids[:, slot - 1]  # [n]
         hit = ids[:, slot - 1] == previous[:, None]  # [n, K]
@@ -108,8 +107,9 @@ def chain_probs(head, chunk, draft_logits, draft):
             continue
         a = hit[rows].float().argmax(-1)  # the candidate index of the reply's token
         row_scores = scores.transitions[rows, slot - 1, a].float()  # [rows, K]
-        q[rows, slot] = 0
-        q[rows, slot] = q[rows, slot].scatter(-1, ids[rows, slot], row_scores.softmax(-1))
+        q[rows, slot] = torch.zeros_like(q[rows, slot]).scatter(
+            -1, ids[rows, slot], row_scores.softmax(-1)
+        )
     return q
 
 

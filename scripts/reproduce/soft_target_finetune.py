@@ -31,6 +31,7 @@ from dcoco.models.drafter_io import load_drafter, save_drafter
 from dcoco.models.loading import DEFAULT_TARGET, load_target
 from dcoco.paths import cache_dir, checkpoints_dir, default_corpus
 from dcoco.train.block_pass import AnchorRule, Item, LossVocab, block_chunks
+from dcoco.train.blocks import slot_weights
 
 SOURCE = checkpoints_dir() / DEFAULT_TARGET / "dflash"
 
@@ -83,7 +84,7 @@ def main(steps: int, lr: float, soft_weight: float, out: str, mix_share: float) 
     block = drafter.config.block_size
     greedy, sampled = records(block)
     vocab = LossVocab.most_frequent(drafter, greedy + sampled, 16000)
-    weights = torch.exp(-torch.arange(block - 1).float() / 4)  # gamma 4, as the recipes
+    weights = slot_weights(block, 4.0)[1:]  # gamma 4, as the recipes
     params = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(
