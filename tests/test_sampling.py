@@ -86,6 +86,16 @@ def test_sample_frequencies_follow_probs():
     assert (freq - probs).abs().sum() / 2 < 0.02
 
 
+def test_sample_never_draws_a_token_of_zero_mass():
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.0, 0.5, 0.0])  # zeros first, between and last
+    draws = sample(probs.expand(20_000, -1), _gen(6))
+    assert set(draws.tolist()) == {1, 4}
+    last = sample(torch.tensor([[0.0, 0.0, 2.5]]).expand(100, -1), _gen(7))  # unnormalised
+    assert (last == 2).all()
+    with pytest.raises(ValueError, match="positive mass"):
+        sample(torch.zeros(2, 4), _gen())
+
+
 def test_sample_from_logits():
     logits = torch.randn(4, 10, generator=_gen(3))
     greedy = sample_from_logits(logits, SamplingParams(temperature=0.0))

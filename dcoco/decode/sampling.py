@@ -39,15 +39,32 @@ def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:
 
 
 def sample(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
-    """One draw per row of `probs` (rows need not be normalised)."""
+    """One draw per row of `probs` (rows need not be normalised), one uniform a row
+    (inverse_cdf)."""
     # [..., vocab] -> [...] int64
-    leading = probs.shape[:-1]
     rows = probs.reshape(-1, probs.shape[-1])  # [rows, vocab]
-    if rows.shape[0] == 0:
-        # torch.multinomial rejects an empty batch; an empty draw is still well defined.
-        return torch.zeros(leading, dtype=torch.int64, device=probs.device)
-    draws = torch.multinomial(rows, num_samples=1, generator=generator)  # [rows, 1]
-    return draws.reshape(leading)
+    uniforms = torch.rand(
+        rows.shape[0], generator=generator, dtype=torch.float64, device=probs.device
+    )  # [rows]
+    return inverse_cdf(rows, uniforms).reshape(probs.shape[:-1])
+
+
+def inverse_cdf(rows: Tensor, uniforms: Tensor) -> Tensor:
+    """For each row of `rows` [rows, vocab] (any positive mass) the first token whose cumulative
+    mass exceeds its uniform [rows] in [0, 1) times the row's total: int64 [rows].
+
+    torch.multinomial and Gumbel noise (`exponential_`) each took about 1 ms a 49,152-token row on
+    a 2-core Xeon, this 0.06 ms (scripts/reproduce/sampler_cost.py). A token of zero mass never
+    comes out: its cumulative sum equals its predecessor's."""
+    # float64: a float32 running sum over 49,152 terms drifts by ~1e-5 of the mass
+    cumulative = rows.double().cumsum(dim=-1)  # [rows, vocab]
+    total = cumulative[:, -1:]  # [rows, 1]
+    if not bool((total > 0).all()):
+        raise ValueError("sampling needs a positive mass in every row")
+    # below the total even where u * total rounds up to it
+    below = torch.nextafter(total, torch.zeros_like(total))
+    threshold = torch.minimum(uniforms[:, None].double() * total, below)  # [rows, 1]
+    return torch.searchsorted(cumulative, threshold, right=True).squeeze(-1)  # [rows]
 
 
 def sample_from_logits(

@@ -31,7 +31,7 @@ PROBE_PASSES = 2  # every cell timed this often, the passes in mirrored order, i
 # How often each draft position is accepted: requests of up to CALIBRATION_TOKENS tokens, replies
 # to their end, CALIBRATION_BATCH in flight, until they have produced CALIBRATION_MIN_TOKENS.
 CALIBRATION_TOKENS, CALIBRATION_BATCH, CALIBRATION_MIN_TOKENS = 128, 4, 2048
-PROBE_VERSION = 10  # bump when the probe measures differently: cached schedules are redone
+PROBE_VERSION = 11  # bump when the probe measures differently: cached schedules are redone
 
 
 def for_server(python: str, probe: dict, layout: str, prompts_file: str = "") -> tuple[str, Path]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from dcoco.decode.sampling import sample
 from dcoco.models.draft_vocab import full_vocab_probs
 from dcoco.serving.vllm_sampled_drafts import GREEDY_BELOW
 
@@ -34,8 +35,8 @@ def draw(
     greedy = temperature < GREEDY_BELOW
     scale = torch.where(greedy, torch.ones_like(temperature), temperature).float()
     probs = (logits.float() / scale[:, None]).softmax(-1)  # [rows, columns]
-    noise = torch.empty_like(probs).exponential_()  # argmax of p / Exp(1) is a draw from p
-    columns = torch.where(greedy, probs.argmax(-1), (probs / noise).argmax(-1))  # [rows]
+    # a row's draw by its cumulative sum: Gumbel noise over the columns cost 0.6 ms for 2 rows
+    columns = torch.where(greedy, probs.argmax(-1), sample(probs))  # [rows]
     if column_ids is None:
         return columns, probs
     return column_ids[columns], full_vocab_probs(probs, column_ids, vocab_size)

@@ -100,6 +100,7 @@ def register() -> None:
         vllm_draft_sampling,
         vllm_hints,
         vllm_no_draft,
+        vllm_recovered_tokens,
         vllm_sampled_drafts,
     )
 
@@ -112,6 +113,7 @@ def register() -> None:
     vllm_no_draft.install()
     vllm_sampled_drafts.install()
     vllm_draft_sampling.install()
+    vllm_recovered_tokens.install()
     live_schedule.install()  # after vllm_no_draft: it wraps the engine core's post_step again
     _registered = True
 
