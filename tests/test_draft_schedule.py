@@ -306,3 +306,11 @@ def test_probe_queue_keeps_the_batch_full_and_counts_tokens_after_the_first_comp
     timed = engine.emitted[2:]
     assert sum(timed[:-1]) < 60 <= sum(timed)
     assert rate * step == pytest.approx(sum(timed) / len(timed))  # tokens a step, timed steps
+
+
+def test_none_beyond_cuts_a_schedule_at_a_batch_size():
+    none_beyond = draft_schedule.none_beyond
+    schedule = [(1, 1, 3), (2, 16, 1), (17, OPEN_END, 0)]
+    assert none_beyond(schedule, 4) == [(1, 1, 3), (2, 4, 1), (5, OPEN_END, 0)]
+    assert none_beyond(schedule, 1) == [(1, 1, 3), (2, OPEN_END, 0)]
+    assert none_beyond(schedule, 32) == [(1, 1, 3), (2, 16, 1), (17, OPEN_END, 0)]

@@ -55,16 +55,16 @@ def test_schedule_from_a_probe_with_the_head_off_cells():
     # one request: 2.4 / 0.04 = 60 tok/s with the head, 2.2 / 0.036 = 61.1 without, so the head
     # never picks (@0), and without it K = 2 pays at every size (4: 176 against 100 at K = 0);
     # sampled, 1.3 / 0.035 = 37.1 with the head, 1.25 / 0.031 = 40.3 without: @0 as well
-    assert schedule == "1-:2/1-:1@0"
+    assert schedule == "1-:2/1:1,2-:0@0"  # sampled: timed at one request only
     assert rates["0 without head"]["2"] == {"1": 61.11, "4": 176.0, "8": 251.43}
     assert rates["1 without head"]["1"] == {"1": 40.32}
     summary["head_off"]["acceptance"]["0"] = [0.2, 0.1]  # poor without its head when greedy
     # greedy, with the head: K = 2 up to 4 requests (at 4: 120 tokens/s against K = 0's 100; K = 1
     # pays the same drafter pass, 0.08 s, for 90); none at 8 (K = 0 160, K = 2 137); sampled
-    # steps still draft without it (M = 0)
-    assert schedule_choice.schedule_from(summary)[0] == "1-4:2,5-:0/1-4:1,5-:0@65536/0"
+    # steps still draft without it (M = 0), at the one size they were timed at
+    assert schedule_choice.schedule_from(summary)[0] == "1-4:2,5-:0/1:1,2-:0@65536/0"
     summary["head_off"]["acceptance"]["1"] = [0.1]  # and when sampled: no ceiling at all
-    assert schedule_choice.schedule_from(summary)[0] == "1-4:2,5-:0/1-4:1,5-:0"
+    assert schedule_choice.schedule_from(summary)[0] == "1-4:2,5-:0/1:1,2-:0"
 
 
 def test_ceiling_travels_in_the_schedule_text_to_the_plugins_environment():

@@ -98,9 +98,9 @@ def test_a_side_the_traffic_never_ran_moves_like_the_side_it_ran():
     )
     # so the choice between the two stays the probe's, off; left at the probe's rates, the head
     # would have been switched on for greedy steps by the drafter's lower served rates alone
-    assert schedule_from(record)[0] == schedule_from(out)[0] == "1-:2/1-:2@0"
+    assert schedule_from(record)[0] == schedule_from(out)[0] == "1-:2/1:2,2-:0@0"
     unmoved = {**out, "acceptance": record["acceptance"]}
-    assert schedule_from(unmoved)[0] == "1-:2/1-:2@65536/0"
+    assert schedule_from(unmoved)[0] == "1-:2/1:2,2-:0@65536/0"
     # seen on both sides, or on neither: each side its own blend, as before
     assert with_traffic(record, {})["acceptance"] == record["acceptance"]
 

@@ -76,3 +76,15 @@ def test_a_k_timed_at_every_batch_size_is_read_off_a_quadratic_fit():
     assert schedule_choice.smoothed({"2": exact})["2"] == pytest.approx(exact, rel=1e-4)
     few = {"1": 0.03, "2": 0.05, "4": 0.04}  # the sampled cells: too few sizes to fit
     assert schedule_choice.smoothed({"0": few}) == {"0": few}
+
+
+def test_sampled_requests_draft_only_up_to_the_largest_batch_they_were_timed_at():
+    # greedy and sampled steps alike: K = 2 pays at 1, 2 and 4 requests (tau 1.8 at 1.25x a step)
+    steps = {"0": {"1": 0.020, "2": 0.024, "4": 0.032}, "2": {"1": 0.025, "2": 0.030, "4": 0.040}}
+    summary = {
+        "step_s": {"0": steps, "1": {k: {"1": v["1"], "2": v["2"]} for k, v in steps.items()}},
+        "acceptance": {"0": [0.6, 0.2], "1": [0.6, 0.2]},
+        "rates": {},
+    }
+    # greedy, timed up to 4, keeps K = 2 past it; sampled, timed up to 2, drafts nothing past 2
+    assert schedule_choice.schedule_from(summary)[0] == "1-:2/1-2:2,3-:0"

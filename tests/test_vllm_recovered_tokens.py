@@ -60,3 +60,9 @@ def test_a_seeded_request_draws_from_its_own_generator():
     torch.manual_seed(4)  # the unseeded request's draws move, the seeded one's stay
     second = run(7)
     assert torch.equal(first[2:], second[2:])
+
+
+def test_a_row_without_mass_still_gets_a_token():
+    nan = torch.full((1, 4), float("nan"))
+    tokens = recovered_tokens(torch.tensor([2]), None, nan, [1], {})
+    assert 0 <= tokens.item() < 4

@@ -23,7 +23,7 @@ from dcoco.serving.schedule_choice import schedule_from
 PROBE_DRAFT_LENGTHS = (0, 2, 4, 7)
 PROBE_BATCHES = (1, 2, 4, 8, 16, 32)
 PROBE_SAMPLED_DRAFT_LENGTHS = (0, 2, 4)  # at T = 1 short drafts or none win, if any
-PROBE_SAMPLED_BATCHES = (1, 2, 4)  # beyond these the greedy schedule already drafts little
+PROBE_SAMPLED_BATCHES = (1, 2, 4, 8)  # beyond the largest, sampled requests draft nothing
 PROBE_TOKENS = 48  # tokens per request in the probe's queue
 PROBE_MIN_TOKENS = 256  # a timed cell runs until its requests have produced at least this many,
 PROBE_QUEUE_ROUNDS = 1  # and at least this many times batch size x PROBE_TOKENS
@@ -31,7 +31,7 @@ PROBE_PASSES = 2  # every cell timed this often, the passes in mirrored order, i
 # How often each draft position is accepted: requests of up to CALIBRATION_TOKENS tokens, replies
 # to their end, CALIBRATION_BATCH in flight, until they have produced CALIBRATION_MIN_TOKENS.
 CALIBRATION_TOKENS, CALIBRATION_BATCH, CALIBRATION_MIN_TOKENS = 128, 4, 2048
-PROBE_VERSION = 11  # bump when the probe measures differently: cached schedules are redone
+PROBE_VERSION = 12  # bump when the probe measures differently: cached schedules are redone
 
 
 def for_server(python: str, probe: dict, layout: str, prompts_file: str = "") -> tuple[str, Path]:

@@ -96,6 +96,12 @@ def at_most(sampled: Schedule, greedy: Schedule) -> Schedule:
     return merged_ranges([*dense[:-1], (dense[-1][0], OPEN_END, dense[-1][2])])
 
 
+def none_beyond(schedule: Schedule, largest: int) -> Schedule:
+    """`schedule` up to batch size `largest`, and no drafts above it."""
+    kept = [(first, min(last, largest), k) for first, last, k in schedule if first <= largest]
+    return merged_ranges([*kept, (largest + 1, OPEN_END, 0)])
+
+
 def format_schedule(schedule: Schedule) -> str:
     def sizes(first: int, last: int) -> str:
         if first == last:

@@ -35,6 +35,7 @@ from dcoco.serving.draft_schedule import (
     at_most,
     format_schedule,
     merged_ranges,
+    none_beyond,
     with_ceiling,
 )
 from dcoco.serving.head_ceiling import choose_ceiling, head_steps, merged_rates
@@ -85,7 +86,11 @@ def schedule_from(summary: dict) -> tuple[str, dict]:
             without = _by_batch(rates[f"{t} without head"])
             ceilings[t] = choose_ceiling(by_batch[t], without)
             by_batch[t] = merged_rates(by_batch[t], without, ceilings[t])
-    greedy, sampled = choose(by_batch["0"]), choose(by_batch["1"])
+    greedy = choose(by_batch["0"])
+    # Sampled requests draft only up to the largest batch the probe timed them at: their step
+    # costs more per request than a greedy one (the rejection sampler's residuals and draws), so
+    # a K timed at 4 requests was no guide at 8 (2026-12-06: 0.79x plain served).
+    sampled = none_beyond(choose(by_batch["1"]), max(by_batch["1"]))
     pair = f"{format_schedule(greedy)}/{format_schedule(at_most(sampled, greedy))}"
     return with_ceiling(pair, ceilings["0"], ceilings["1"]), rates
 

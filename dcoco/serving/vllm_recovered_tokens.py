@@ -14,6 +14,8 @@ A seeded request's positions take their uniforms from its own generator, as vLLM
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import torch
 from torch import Tensor
 
@@ -35,10 +37,14 @@ def recovered_tokens(
         residual = target_probs.scatter(-1, draft_token_ids[:, None].long(), 0.0)
     else:
         residual = (target_probs - draft_probs).clamp_min_(0.0)  # [tokens, vocab]
-    empty = residual.sum(-1, keepdim=True) <= 0  # [tokens, 1]
-    residual = torch.where(empty, target_probs, residual)
+    usable = residual.sum(-1, keepdim=True) > 0  # [tokens, 1]: False where p = q, or NaN
+    residual = torch.where(usable, residual, target_probs)
+    # a row with no mass even so (NaN logits) gets some token, as vLLM's kernel would give one,
+    # rather than stopping the server
+    usable = residual.sum(-1, keepdim=True) > 0
+    residual = torch.where(usable, residual, torch.ones_like(residual))
     uniforms = torch.rand(len(draft_token_ids), dtype=torch.float64, device=residual.device)
-    starts = [sum(num_draft_tokens[:i]) for i in range(len(num_draft_tokens))]
+    starts = [0, *accumulate(num_draft_tokens)] if generators else []
     for index, generator in generators.items():
         count = num_draft_tokens[index]
         if count > 0:
