@@ -31,9 +31,9 @@ def main(rounds: int) -> None:
     for rows, columns in SHAPES:
         probs = torch.rand(rows, columns, generator=generator).softmax(-1)
         calls = [
-            lambda: torch.multinomial(probs, 1),
-            lambda: (probs / torch.empty_like(probs).exponential_()).argmax(-1),
-            lambda: inverse_cdf(probs, torch.rand(rows, dtype=torch.float64)),
+            lambda p=probs: torch.multinomial(p, 1),
+            lambda p=probs: (p / torch.empty_like(p).exponential_()).argmax(-1),
+            lambda p=probs: inverse_cdf(p, torch.rand(len(p), dtype=torch.float64)),
         ]
         costs = [ms * 1000 for ms in interleaved_ms(calls, rounds)]
         print(f"{rows:>7} x {columns:<6} {costs[0]:>12.0f} {costs[1]:>10.0f} {costs[2]:>12.0f}")

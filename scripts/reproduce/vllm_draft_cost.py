@@ -12,7 +12,9 @@ $DCOCO_CACHE_DIR/serve/, with its draft vocabulary) times what a server runs. DC
 switches the draft head off (dcoco.serving.head_ceiling); TEMPERATURE=1 samples (default 0);
 DRAFT_SCHEDULE=GREEDY/SAMPLED@N/M serves that schedule instead of K at every batch size;
 DRAFT_SAMPLING=probabilistic has sampled requests draw their drafts from the drafter's distribution
-(vLLM's draft_sample_method; default greedy); LOCAL_ARGMAX=0 has vLLM take the argmax of the
+(vLLM's draft_sample_method; default greedy); SAMPLER=gumbel draws the recovered tokens and the
+plugin's drafts with exponential noise as before 2026-12-06 (vLLM's own recovered tokens, not
+dcoco.serving.vllm_recovered_tokens); LOCAL_ARGMAX=0 has vLLM take the argmax of the
 drafter's logits itself (before `dcoco serve` set use_local_argmax_reduction).
 
 Usage (the vLLM venv):
@@ -28,9 +30,13 @@ import os
 import sys
 import time
 
+import torch
+
+import dcoco.serving.vllm_draft_sampling as draft_sampling
 import dcoco.serving.vllm_hints as hints
 import dcoco.serving.vllm_model as model
 import dcoco.serving.vllm_no_draft as no_draft
+import dcoco.serving.vllm_recovered_tokens as recovered
 from dcoco.models.head_compile import HeadSelect
 from dcoco.models.loading import resolve_target
 from dcoco.paths import checkpoints_dir
@@ -60,6 +66,7 @@ def main(checkpoint: str, k: int, batch: int, prompts_file: str) -> None:
     from vllm import LLM, SamplingParams
     from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
     from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.sample import rejection_sampler, sampler
     from vllm.v1.spec_decode.dflash import DFlashProposer
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -67,6 +74,13 @@ def main(checkpoint: str, k: int, batch: int, prompts_file: str) -> None:
         setattr(model, name, timed(name, getattr(model, name)))
     HeadSelect.__call__ = timed("head pick", HeadSelect.__call__)  # compiled or eager
     hints._write_batch = timed("copy hints", hints._write_batch)
+    rejection_sampler.RejectionSampler.forward = timed(
+        "rejection sampler", rejection_sampler.RejectionSampler.forward
+    )
+    sampler.Sampler.forward = timed("sampler", sampler.Sampler.forward)
+    if os.environ.get("SAMPLER") == "gumbel":
+        recovered._installed = True  # the plugin leaves vLLM's recovered tokens in place
+        draft_sampling.sample = _gumbel
     speculative = None if checkpoint == "plain" else _speculative(checkpoint, k)
     llm = LLM(model=str(resolve_target(TARGET)), dtype="bfloat16",
               max_model_len=2048, enforce_eager=True, kv_cache_memory_bytes=1 << 30,
@@ -107,6 +121,11 @@ def main(checkpoint: str, k: int, batch: int, prompts_file: str) -> None:
         print(f"  {name:24s} {seconds / steps * 1e3:7.2f} ms a step")
     shortcuts = ", ".join(f"{name} {count}" for name, count in no_draft.STEPS.items())
     print("  steps without drafts:", shortcuts)
+
+
+def _gumbel(probs):
+    """A draw per row by argmax of p / Exp(1) noise, as the plugin drew its drafts before."""
+    return (probs / torch.empty_like(probs).exponential_()).argmax(-1)
 
 
 def _speculative(checkpoint: str, k: int) -> dict:
