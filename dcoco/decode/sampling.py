@@ -54,7 +54,7 @@ def inverse_cdf(rows: Tensor, uniforms: Tensor) -> Tensor:
     mass exceeds its uniform [rows] in [0, 1) times the row's total: int64 [rows].
 
     torch.multinomial and Gumbel noise (`exponential_`) each took about 1 ms a 49,152-token row on
-    a 2-core Xeon, this 0.06 ms (scripts/reproduce/sampler_cost.py). A token of zero mass never
+    a 2-core Xeon, this 0.07-0.1 ms (scripts/reproduce/sampler_cost.py). A token of zero mass never
     comes out: its cumulative sum equals its predecessor's."""
     # float64: a float32 running sum over 49,152 terms drifts by ~1e-5 of the mass
     cumulative = rows.double().cumsum(dim=-1)  # [rows, vocab]

@@ -6,7 +6,7 @@ from one row of exponential noise over the whole vocabulary (`sample_recovered_t
 `exponential_`, then argmax of residual / noise), and on a CPU torch's `exponential_` costs about
 0.9 ms a 49,152-token row on 2 cores: 4% of a drafting step at one sampled request, 7 ms a step at
 8 (scripts/reproduce/sampler_cost.py). The same law by the inverse of each position's cumulative
-residual (dcoco.decode.sampling.inverse_cdf) takes about 0.06 ms a position. `install()` puts it in
+residual (dcoco.decode.sampling.inverse_cdf) takes 0.07-0.1 ms a position. `install()` puts it in
 the rejection sampler's place on CPU tensors; on a GPU vLLM's own kernel runs as before.
 
 A seeded request's positions take their uniforms from its own generator, as vLLM's noise does.
