@@ -86,6 +86,17 @@ def _settle(
     return Verdict(num_accepted=num_accepted, next_token=next_token)
 
 
+def residual_probs(
+    target_probs: Tensor, draft_tokens: Tensor, draft_probs: Tensor | None = None
+) -> Tensor:
+    """max(p - q, 0) at each draft position, unnormalised: the law of the token that replaces a
+    rejected draft. target_probs (p) and draft_probs (q) [..., vocab], draft_tokens [...]; without
+    draft_probs q is the draft token's point mass, so the residual is p without that token."""
+    if draft_probs is None:
+        return target_probs.scatter(-1, draft_tokens[..., None], 0.0)
+    return (target_probs - draft_probs).clamp_min(0.0)
+
+
 def verify_point_mass(
     draft_tokens: Tensor, target_probs: Tensor, generator: torch.Generator | None = None
 ) -> Verdict:
@@ -93,8 +104,7 @@ def verify_point_mass(
     _check_block(draft_tokens, target_probs, "target_probs")
     slots = draft_tokens.shape[1]
     draft_mass = torch.ones(draft_tokens.shape, device=target_probs.device)  # [batch, slots]
-    # max(0, target - one_hot(draft)) is the target with the draft token removed.
-    residual = target_probs[:, :slots].scatter(-1, draft_tokens[..., None], 0.0)
+    residual = residual_probs(target_probs[:, :slots], draft_tokens)
     return _settle(draft_tokens, draft_mass, residual, target_probs, generator)
 
 
@@ -115,7 +125,7 @@ def verify_with_draft_probs(
         )
     draft_probs = draft_probs.float()
     draft_mass = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1)  # [batch, slots]
-    residual = (target_probs[:, :slots] - draft_probs).clamp_min(0.0)  # [batch, slots, vocab]
+    residual = residual_probs(target_probs[:, :slots], draft_tokens, draft_probs)
     return _settle(draft_tokens, draft_mass, residual, target_probs, generator)
 
 

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from dcoco.decode.sampling import inverse_cdf
+from dcoco.decode.verify import residual_probs
 
 _installed = False
 
@@ -33,16 +34,13 @@ def recovered_tokens(
 ) -> Tensor:
     """[tokens]: at each draft position a draw from max(p - q, 0), in draft_token_ids' dtype
     (from p itself where p = q leaves nothing: that draft is never rejected)."""
-    if draft_probs is None:
-        residual = target_probs.scatter(-1, draft_token_ids[:, None].long(), 0.0)
-    else:
-        residual = (target_probs - draft_probs).clamp_min_(0.0)  # [tokens, vocab]
-    usable = residual.sum(-1, keepdim=True) > 0  # [tokens, 1]: False where p = q, or NaN
-    residual = torch.where(usable, residual, target_probs)
-    # a row with no mass even so (NaN logits) gets some token, as vLLM's kernel would give one,
-    # rather than stopping the server
-    usable = residual.sum(-1, keepdim=True) > 0
-    residual = torch.where(usable, residual, torch.ones_like(residual))
+    residual = residual_probs(target_probs, draft_token_ids.long(), draft_probs)  # [tokens, vocab]
+    empty = ~(residual.sum(-1) > 0)  # [tokens]: p = q left nothing, or NaN logits
+    if bool(empty.any()):
+        # p itself; where p has no mass either (NaN logits) any token, as vLLM's kernel would
+        # give one, rather than stopping the server
+        target = target_probs[empty]
+        residual[empty] = torch.where(target.sum(-1, keepdim=True) > 0, target, 1.0)
     uniforms = torch.rand(len(draft_token_ids), dtype=torch.float64, device=residual.device)
     starts = [0, *accumulate(num_draft_tokens)] if generators else []
     for index, generator in generators.items():
