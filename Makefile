@@ -101,8 +101,9 @@ venv-vllm: $(VLLM_STAMP)
 
 # One vLLM engine at a time, one OpenMP thread, eager mode, a tiny KV cache (see tests/test_vllm.py).
 test-vllm: venv-vllm
-	$(VLLM_PY) -m pytest -q -m vllm tests/test_vllm.py tests/test_vllm_datagen.py tests/test_vllm_export.py tests/test_vllm_schedule.py tests/test_vllm_live_schedule.py \
-		tests/test_vllm_rejection_sampling.py tests/test_vllm_cpu_fixes.py tests/test_vllm_draft_vocab.py
+	$(VLLM_PY) -m pytest -q -m vllm tests/test_vllm.py tests/test_vllm_serve.py tests/test_vllm_datagen.py tests/test_vllm_export.py \
+		tests/test_vllm_schedule.py tests/test_vllm_live_schedule.py tests/test_vllm_rejection_sampling.py tests/test_vllm_cpu_fixes.py \
+		tests/test_vllm_draft_vocab.py tests/test_vllm_draft_sampling.py
 
 clean-venv-vllm:
 	rm -rf $(VLLM_VENV)

@@ -114,3 +114,55 @@ def vllm_test_engine(model: str, speculative: dict | None, max_num_seqs: int = 4
     return LLM(model=model, dtype="float32", max_model_len=512, enforce_eager=True,
                kv_cache_memory_bytes=KV_CACHE_BYTES, speculative_config=speculative,
                max_num_seqs=max_num_seqs, seed=0, **extra)  # fmt: skip
+
+
+# --- the vLLM tests' shared setting (tests/test_vllm*.py) --------------------------------------
+
+VLLM_TARGET = "smollm2-135m-instruct"
+VLLM_PROMPTS = [
+    "Write a Python function that reverses a list.",
+    "What is the capital of France? Answer in one sentence.",
+    "Give three tips for sleeping better.",
+]
+VLLM_COPY = "dflash"  # the shipped drafter, block 8: copy hints and a copy gate, 7 slots
+VLLM_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+}
+
+
+def randomised_dcoco_checkpoint(path, target, drafter):
+    from dcoco.data.bigram import successor_log_probs
+    from dcoco.data.distill import Sample
+    from dcoco.models.head_io import save_with_head
+    from dcoco.models.head_registry import build_head
+
+    torch.manual_seed(0)
+    prompts = [Sample(str(i), (), tuple(target.encode_chat(t))) for i, t in enumerate(VLLM_PROMPTS)]
+    table = successor_log_probs(prompts, drafter.config.vocab_size)
+    fields = {"hidden_size": drafter.config.hidden_size, "top_k": 4, "mlp_hidden": 32,
+              "features": "normalised", "successor_query": True, "anchor": True,
+              "pair_counts": table[0].numel(), "vocab_size": drafter.config.vocab_size}  # fmt: skip
+    head = build_head("dcoco", fields, target.embed_tokens)
+    head.pair_counts.fill(*table)
+    with torch.no_grad():  # non-zero output layers, so the corrector really changes drafts
+        head.delta_out.weight.normal_(std=2.0)
+        head.query_out.weight.normal_(std=0.5)
+        head.bigram_scale.fill_(0.5)
+    return save_with_head(path, drafter, head, target.info, dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def dcoco_checkpoint(tmp_path_factory):
+    """The shipped drafter plus a randomised DCOCO corrector with every option, saved with
+    save_with_head."""
+    pytest.importorskip("vllm")
+    from dcoco.models.drafter_io import load_drafter
+    from dcoco.models.loading import load_target
+    from dcoco.paths import checkpoints_dir
+
+    target = load_target(VLLM_TARGET, dtype="fp32", device="cpu")
+    drafter = load_drafter(checkpoints_dir() / VLLM_TARGET / VLLM_COPY, target)
+    path = tmp_path_factory.mktemp("dcoco") / "ckpt"
+    return randomised_dcoco_checkpoint(path, target, drafter)

@@ -1,6 +1,6 @@
-"""Serving through vLLM (dcoco.serving): the plugin, losslessness, τ against our engine, a server.
+"""Serving through vLLM (dcoco.serving): the plugin's engines, losslessness, τ against our engine.
 
-The `vllm`-marked tests need vLLM and are skipped without it; run them in the vLLM venv:
+The tests need vLLM and are skipped without it; run them in the vLLM venv:
 
     make venv-vllm && .venv-vllm/bin/python -m pytest -m vllm tests/test_vllm.py
 
@@ -8,10 +8,8 @@ They share one module fixture that runs four vLLM engines one after another, in 
 (VLLM_ENABLE_V1_MULTIPROCESSING=0), each eager, fp32, greedy, with one OpenMP thread, no core
 binding and a 128 MiB KV cache: plain target, the plain DFlash drafter `dflash-mask` (stock
 vLLM DFlash), the shipped `dflash` (copy hints and copy gate) with a randomised DCOCO corrector
-that uses every option (normalised features, the successor term, slot 1 from the anchor, pair
-counts), and `dflash` alone. The server test then starts `dcoco serve` as a subprocess and
-soaks it briefly (disconnects, fuzzed bodies, sampled neighbours). The other tests here (pure
-helpers) run in any venv.
+that uses every option (conftest.dcoco_checkpoint), and `dflash` alone. The plugin's pure helpers
+are tested in tests/test_vllm_plugin.py, a served `dcoco serve` in tests/test_vllm_serve.py.
 """
 
 from __future__ import annotations
@@ -19,78 +17,24 @@ from __future__ import annotations
 import gc
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
 import torch
+from conftest import VLLM_COPY as COPY
+from conftest import VLLM_ENV as ENV
+from conftest import VLLM_PROMPTS as PROMPTS
+from conftest import VLLM_TARGET as TARGET
 from conftest import vllm_test_engine
 
 from dcoco.errors import DcocoError
 from dcoco.paths import REPO_ROOT, checkpoints_dir
-from dcoco.serving.vllm_plugin import NOT_CHOSEN, check_version, point_mass_logits, request_layout
 
-TARGET = "smollm2-135m-instruct"
-PROMPTS = [
-    "Write a Python function that reverses a list.",
-    "What is the capital of France? Answer in one sentence.",
-    "Give three tips for sleeping better.",
-]
 MAX_TOKENS = 40
 SHIPPED = "dflash-mask"  # a plain DFlash drafter, block 8: vLLM's own DFlash path
 SLOTS = 7
-COPY = "dflash"  # the shipped drafter, block 8: copy hints and a copy gate, 7 slots
-ENV = {
-    "OMP_NUM_THREADS": "1",
-    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-}
-
-
-# --- helpers, no vLLM needed -------------------------------------------------------------------
-
-
-def _blocks(anchors: list[int], slots: int, mask: int = 16) -> torch.Tensor:
-    return torch.tensor([x for a in anchors for x in [a, *[mask] * slots]])
-
-
-def test_request_layout_reads_requests_and_slots_per_call():
-    ids = _blocks([101, 102, 103], slots=15)
-    assert request_layout(ids, 45, mask_token_id=16, default_slots=15) == (3, 15)
-    # dynamic speculative decoding shrank K: derived from the inputs, not the config
-    assert request_layout(_blocks([7, 8], slots=4), 8, 16, default_slots=15) == (2, 4)
-
-
-def test_request_layout_padded_inputs_fall_back_to_the_configured_slots():
-    ids = torch.cat([_blocks([5, 6], slots=3), torch.zeros(5, dtype=torch.long)])
-    assert request_layout(ids, 6, mask_token_id=16, default_slots=3) == (2, 3)
-    with pytest.raises(RuntimeError, match="cannot split"):
-        request_layout(torch.arange(10), 6, mask_token_id=16, default_slots=3)
-
-
-def test_point_mass_logits_make_argmax_and_softmax_pick_the_choice():
-    like = torch.randn(4, 50)
-    chosen = torch.tensor([3, 0, 49, 7])
-    out = point_mass_logits(chosen, like)
-    assert out.shape == like.shape and out.dtype == like.dtype
-    assert torch.equal(out.argmax(-1), chosen)
-    assert torch.equal(out.softmax(-1).argmax(-1), chosen)
-    assert torch.allclose(out.softmax(-1).max(-1).values, torch.ones(4))
-    assert (out == NOT_CHOSEN).sum() == 4 * 49
-
-
-def test_version_check_names_the_supported_release():
-    assert check_version("0.32.0") == "0.32.0"
-    assert check_version("0.32.3+cpu") == "0.32.3+cpu"
-    with pytest.raises(DcocoError, match=r"supports vLLM 0\.32\.x only, found vLLM 0\.33\.0"):
-        check_version("0.33.0")
-
-
-# --- vLLM ------------------------------------------------------------------------------------
 
 
 def _select_recorder(head) -> list:
@@ -225,41 +169,6 @@ def _ours_main(shipped: str, checkpoint: str, copy: str) -> None:
     print(json.dumps({"prompts": prompts, "dflash": dflash, "dcoco": dcoco, "copy": hinted}))
 
 
-def _randomised_dcoco_checkpoint(path, target, drafter):
-    from dcoco.data.bigram import successor_log_probs
-    from dcoco.data.distill import Sample
-    from dcoco.models.head_io import save_with_head
-    from dcoco.models.head_registry import build_head
-
-    torch.manual_seed(0)
-    prompts = [Sample(str(i), (), tuple(target.encode_chat(t))) for i, t in enumerate(PROMPTS)]
-    table = successor_log_probs(prompts, drafter.config.vocab_size)
-    fields = {"hidden_size": drafter.config.hidden_size, "top_k": 4, "mlp_hidden": 32,
-              "features": "normalised", "successor_query": True, "anchor": True,
-              "pair_counts": table[0].numel(), "vocab_size": drafter.config.vocab_size}  # fmt: skip
-    head = build_head("dcoco", fields, target.embed_tokens)
-    head.pair_counts.fill(*table)
-    with torch.no_grad():  # non-zero output layers, so the corrector really changes drafts
-        head.delta_out.weight.normal_(std=2.0)
-        head.query_out.weight.normal_(std=0.5)
-        head.bigram_scale.fill_(0.5)
-    return save_with_head(path, drafter, head, target.info, dtype=torch.float32)
-
-
-@pytest.fixture(scope="module")
-def dcoco_checkpoint(tmp_path_factory):
-    """The shipped drafter plus a randomised DCOCO corrector with every option, saved with
-    save_with_head."""
-    pytest.importorskip("vllm")
-    from dcoco.models.drafter_io import load_drafter
-    from dcoco.models.loading import load_target
-
-    target = load_target(TARGET, dtype="fp32", device="cpu")
-    drafter = load_drafter(checkpoints_dir() / TARGET / COPY, target)
-    path = tmp_path_factory.mktemp("dcoco") / "ckpt"
-    return _randomised_dcoco_checkpoint(path, target, drafter)
-
-
 @pytest.fixture(scope="module")
 def vllm_runs(dcoco_checkpoint):
     from dcoco.models.loading import load_target, resolve_target
@@ -369,84 +278,6 @@ def test_copy_hint_drafter_through_vllm_reads_hints_and_keeps_greedy_output(vllm
     tau_vllm = 1 + spec["accepted_tokens"] / spec["drafts"]
     print(f"copy-hint tau vLLM {tau_vllm:.3f} ({spec['drafts']} drafts), ours {ours['tau']:.3f}")
     assert abs(tau_vllm - ours["tau"]) <= 0.15
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.mark.vllm
-def test_dcoco_serve_answers_concurrent_requests_with_spec_metrics(dcoco_checkpoint, tmp_path):
-    from dcoco.eval.serving_bench import run_level
-    from dcoco.eval.serving_metrics import spec_counters
-    from dcoco.eval.soak import FAILURES, SoakConfig, soak
-
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    command = [
-        sys.executable, "-m", "dcoco", "serve", "--method", "dcoco",
-        "--checkpoint", str(dcoco_checkpoint), "--dtype", "fp32", "--port", str(port),
-        "--max-model-len", "512", "--kv-cache-gib", "0.125", "--max-num-seqs", "16",
-        # no probe servers or schedule probe: this test is about the served answers
-        "--layout", "vllm-default", "--draft-schedule", "fixed",
-    ]  # fmt: skip
-    env = {**os.environ, **ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
-    log = open(tmp_path / "server.log", "w")  # noqa: SIM115 - closed in finally
-    server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True)  # fmt: skip
-    try:
-        _wait_healthy(base, server, timeout=900)
-        records, _ = run_level(base, TARGET, PROMPTS * 6, 16, max_tokens=16, temperature=0.0)
-        assert len(records) == 18 and all(r["ok"] for r in records), records
-        assert all(r["completion_tokens"] > 0 for r in records)
-        metrics = urllib.request.urlopen(base + "/metrics", timeout=30).read().decode()
-        assert "vllm:spec_decode_num_drafts_total" in metrics
-        assert spec_counters(metrics)["drafts"] > 0
-        assert records[0]["tau"] is not None  # --per-request-spec-decode-metrics summary
-        # a short soak: greedy and sampled neighbours, dropped streams, fuzzed bodies
-        soaked = soak(SoakConfig(url=base, model=TARGET, clients=8, duration_s=45.0,
-                                 max_requests=400, max_tokens=24, max_context=512,
-                                 data_dir=str(tmp_path / "no-suites"), timeout_s=120.0,
-                                 server_pid=server.pid))  # fmt: skip
-        counts = soaked["counts"]
-        print("soak:", counts, "RSS growth MiB:", soaked.get("rss_growth_bytes", 0) / 2**20)
-        wrong = FAILURES  # the request guard answers every fuzzed body
-        assert not {k: counts[k] for k in wrong if counts.get(k)}, soaked["examples"]
-        assert counts.get("completed", 0) > 0 and counts.get("disconnected", 0) > 0
-    finally:
-        _stop(server)
-        log.close()
-
-
-def _wait_healthy(base: str, server: subprocess.Popen, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise AssertionError(f"dcoco serve exited with {server.returncode}")
-        try:
-            if urllib.request.urlopen(base + "/health", timeout=5).status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(2)
-    raise AssertionError(f"no healthy server at {base} after {timeout} s")
-
-
-def _stop(server: subprocess.Popen) -> None:
-    """SIGINT, then SIGKILL, to the server's own process group (it and its engine processes)."""
-    for sig, wait in ((signal.SIGINT, 60), (signal.SIGKILL, 30)):
-        if server.poll() is not None:
-            return
-        try:
-            os.killpg(server.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            server.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            continue
 
 
 if __name__ == "__main__":  # the main-venv half of the fixture: python tests/test_vllm.py A B C

@@ -19,16 +19,12 @@ import urllib.request
 import pytest
 import torch
 from conftest import KV_CACHE_BYTES, vllm_test_engine
+from conftest import VLLM_ENV as ENV
+from conftest import VLLM_PROMPTS as PROMPTS
+from conftest import VLLM_TARGET as TARGET
 from safetensors.torch import load_file
-from test_vllm import (
-    ENV,
-    MAX_TOKENS,
-    PROMPTS,
-    TARGET,
-    _free_port,
-    _stop,
-    _wait_healthy,
-)
+from test_vllm import MAX_TOKENS
+from test_vllm_serve import _free_port, _stop, _wait_healthy
 
 from dcoco.serving.export import ExportConfig, export
 

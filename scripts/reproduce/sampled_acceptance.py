@@ -19,7 +19,12 @@ scored the same way; a bare checkpoint name is its drafter alone. A DCOCO correc
 S[j, a, b] over slot j+1's candidates given the reply's token a at slot j (the drafter's own q
 where a is not a candidate; slot 1 from the anchor's scores where the corrector has them).
 
-Usage: [CORPUS=DIR] .venv/bin/python scripts/reproduce/sampled_acceptance.py [CHECKPOINT] [RECORDS]
+DRAFT_SCALES=0.85,1.15 adds a row `q/S` for each S: drafts sampled from softmax(logits / S), a
+draft temperature of its own (any q keeps the target's law; the question is which is accepted
+most often).
+
+Usage: [CORPUS=DIR] [DRAFT_SCALES=S,...]
+  .venv/bin/python scripts/reproduce/sampled_acceptance.py [CHECKPOINT] [RECORDS]
   (defaults: dflash 32; the shared corpus of SmolLM2, as `dcoco heldout`)
 """
 
@@ -52,7 +57,8 @@ def main(checkpoint: str, records: int) -> None:
     _, heldout = split_heldout(load_corpus(corpus), records)
     block, generator = drafter.config.block_size, torch.Generator().manual_seed(0)
     argmax_rates, sampled_rates, ceiling_rates, head_rates = [], [], [], []  # [blocks, slots]
-    chain_rates = []
+    chain_rates, scales = [], [float(x) for x in os.environ.get("DRAFT_SCALES", "").split(",") if x]
+    scaled_rates = {scale: [] for scale in scales}  # q = softmax(logits / (T * scale))
     with torch.no_grad():
         for sample in heldout:
             if len(sample.response_ids) < block:
@@ -70,6 +76,9 @@ def main(checkpoint: str, records: int) -> None:
                 top = draft.argmax(-1, keepdim=True)
                 argmax_rates.append(p.gather(-1, top).squeeze(-1))
                 sampled_rates.append(torch.minimum(p, draft).sum(-1))
+                for scale, rates in scaled_rates.items():
+                    q = (draft_logits / scale).softmax(-1)
+                    rates.append(torch.minimum(p, q).sum(-1))
                 ceiling_rates.append(p.amax(-1))
                 if head is not None:  # the head's pick (the corrector reads the anchor too)
                     picks = select_draft(
@@ -81,6 +90,7 @@ def main(checkpoint: str, records: int) -> None:
                     chain_rates.append(torch.minimum(p, q).sum(-1))
     rows = [("argmax", argmax_rates), ("sampled", sampled_rates), ("ceiling", ceiling_rates)]
     rows += [("head", head_rates)] if head_rates else []
+    rows += [(f"q/{scale:g}", rates) for scale, rates in scaled_rates.items()]
     for name, rates in rows + ([("chain", chain_rates)] if chain_rates else []):
         per_slot = torch.cat(rates).mean(0).tolist()
         taus = [expected_tokens(per_slot, k) for k in (1, 2, 3, 7)]

@@ -5,7 +5,9 @@ A run's servers share its minutes, so within a run the ratio of method means is 
 runs the machine's speed moves (plain at 4 streams: 104.6 tokens/s in one run, 116.5 in the one
 before), so servers of different runs are not pooled into one mean: each run gives its ratio
 (mean of `dcoco`'s servers over the mean of the other method's), and the runs' ratios are
-averaged. A run without one of the two methods at a level gives no ratio there.
+averaged, with their standard error (the runs' standard deviation over the square root of their
+count): a mean within about two standard errors of a bar is not told apart from it by these runs.
+A run without one of the two methods at a level gives no ratio there.
 
 Usage: .venv/bin/python scripts/reproduce/serving_run_ratios.py RESULT_DIR [RESULT_DIR ...]
   (each holding <label>/bench_serve.json, as `INTERLEAVE=1 bench_serve.sh` writes)
@@ -38,7 +40,7 @@ def main(runs: list[Path]) -> None:
     )  # fmt: skip
     for other in OTHERS:
         print(f"\n`dcoco` over {other}: per run ({', '.join(run.name for run in runs)}), mean")
-        print("| T | streams | per run | mean |\n|--:|--:|---|--:|")
+        print("| T | streams | per run | mean | standard error |\n|--:|--:|---|--:|--:|")
         for t, c in levels:
             ratios = [
                 rates[(OURS, t)][c] / rates[(other, t)][c]
@@ -47,7 +49,9 @@ def main(runs: list[Path]) -> None:
             ]
             if ratios:
                 shown = " / ".join(f"{r:.3f}" for r in ratios)
-                print(f"| {t:g} | {c} | {shown} | {statistics.mean(ratios):.3f} |")
+                error = statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else None
+                cell = "–" if error is None else f"{error:.3f}"
+                print(f"| {t:g} | {c} | {shown} | {statistics.mean(ratios):.3f} | {cell} |")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ One vLLM engine in this process, bf16, the checkpoint CHECKPOINT of SmolLM2 at K
 batch size; a queue keeps BATCH requests of 48 tokens in flight (the schedule probe's queue,
 dcoco.serving.vllm_queue.queue_rate) on the held-out prompts PROMPTS (a JSONL of suite
 records, as scripts/reproduce/schedule_prompts.py writes). The runner's, proposer's and plugin's
-calls are wrapped with timers; prints milliseconds per engine step for each.
+calls are wrapped with timers; prints milliseconds per engine step for each (indented: a part of
+a timer above it).
 
 CHECKPOINT is `plain` (no drafter: the same engine without speculation, K ignored), a shipped
 checkpoint's name or a directory: the one `dcoco serve` hands vLLM (under
@@ -95,6 +96,7 @@ def main(checkpoint: str, k: int, batch: int, prompts_file: str) -> None:
         drafter = type(runner.drafter.model)
         drafter.compute_logits = timed("drafter logits + head", drafter.compute_logits)
         drafter.get_top_tokens = timed("drafter logits + head", drafter.get_top_tokens)
+        _time_draft_parts(drafter, runner.drafter.model)
     tokenizer = llm.get_tokenizer()
     prompts = [
         tokenizer.apply_chat_template([{"role": "user", "content": text}],
@@ -121,6 +123,21 @@ def main(checkpoint: str, k: int, batch: int, prompts_file: str) -> None:
         print(f"  {name:24s} {seconds / steps * 1e3:7.2f} ms a step")
     shortcuts = ", ".join(f"{name} {count}" for name, count in no_draft.STEPS.items())
     print("  steps without drafts:", shortcuts)
+
+
+def _time_draft_parts(drafter, instance) -> None:
+    """Timers inside the drafter pass: the proposer's input preparation, the sampled drafts'
+    logits (the drafter's LM head over its columns) and their draw."""
+    from vllm.v1.spec_decode.dflash import DFlashProposer
+
+    for name in ("set_inputs_first_pass", "build_model_inputs_first_pass"):
+        setattr(DFlashProposer, name, timed(f"  proposer {name}", getattr(DFlashProposer, name)))
+    drafter.combine_hidden_states = timed("  combine hidden states", drafter.combine_hidden_states)
+    drafter.sample_drafts = timed("  sampled drafts", drafter.sample_drafts)
+    instance.logits_processor.forward = timed(
+        "    drafter LM head", instance.logits_processor.forward
+    )
+    model.draw = timed("    draft draw", model.draw)
 
 
 def _gumbel(probs):
