@@ -1,7 +1,13 @@
-"""Tiny random targets (vocab 128, hidden 64, fp32) shaped like Llama and Qwen3."""
+"""Tiny random targets (vocab 128, hidden 64, fp32) shaped like Llama and Qwen3; the vLLM tests'
+setting and a `dcoco serve` subprocess's start and stop."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -166,3 +172,36 @@ def dcoco_checkpoint(tmp_path_factory):
     drafter = load_drafter(checkpoints_dir() / VLLM_TARGET / VLLM_COPY, target)
     path = tmp_path_factory.mktemp("dcoco") / "ckpt"
     return randomised_dcoco_checkpoint(path, target, drafter)
+
+
+# --- a `dcoco serve` subprocess (tests/test_vllm_serve.py, tests/test_vllm_export.py) ---------
+
+
+def wait_healthy(base: str, server: subprocess.Popen, timeout: float) -> None:
+    """Until `base`/health answers 200; AssertionError if the server exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise AssertionError(f"dcoco serve exited with {server.returncode}")
+        try:
+            if urllib.request.urlopen(base + "/health", timeout=5).status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(2)
+    raise AssertionError(f"no healthy server at {base} after {timeout} s")
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    """SIGINT, then SIGKILL, to the server's own process group (it and its engine processes)."""
+    for sig, wait in ((signal.SIGINT, 60), (signal.SIGKILL, 30)):
+        if server.poll() is not None:
+            return
+        try:
+            os.killpg(server.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            server.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue

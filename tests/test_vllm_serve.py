@@ -6,23 +6,17 @@ neighbours). Needs vLLM: `.venv-vllm/bin/python -m pytest -m vllm tests/test_vll
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
 from conftest import VLLM_ENV as ENV
 from conftest import VLLM_PROMPTS as PROMPTS
 from conftest import VLLM_TARGET as TARGET
+from conftest import stop_server, wait_healthy
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from dcoco.serving.layout import free_port
 
 
 @pytest.mark.vllm
@@ -31,7 +25,7 @@ def test_dcoco_serve_answers_concurrent_requests_with_spec_metrics(dcoco_checkpo
     from dcoco.eval.serving_metrics import spec_counters
     from dcoco.eval.soak import FAILURES, SoakConfig, soak
 
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     command = [
         sys.executable, "-m", "dcoco", "serve", "--method", "dcoco",
@@ -45,7 +39,7 @@ def test_dcoco_serve_answers_concurrent_requests_with_spec_metrics(dcoco_checkpo
     server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
                               start_new_session=True)  # fmt: skip
     try:
-        _wait_healthy(base, server, timeout=900)
+        wait_healthy(base, server, timeout=900)
         records, _ = run_level(base, TARGET, PROMPTS * 6, 16, max_tokens=16, temperature=0.0)
         assert len(records) == 18 and all(r["ok"] for r in records), records
         assert all(r["completion_tokens"] > 0 for r in records)
@@ -64,34 +58,5 @@ def test_dcoco_serve_answers_concurrent_requests_with_spec_metrics(dcoco_checkpo
         assert not {k: counts[k] for k in wrong if counts.get(k)}, soaked["examples"]
         assert counts.get("completed", 0) > 0 and counts.get("disconnected", 0) > 0
     finally:
-        _stop(server)
+        stop_server(server)
         log.close()
-
-
-def _wait_healthy(base: str, server: subprocess.Popen, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise AssertionError(f"dcoco serve exited with {server.returncode}")
-        try:
-            if urllib.request.urlopen(base + "/health", timeout=5).status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(2)
-    raise AssertionError(f"no healthy server at {base} after {timeout} s")
-
-
-def _stop(server: subprocess.Popen) -> None:
-    """SIGINT, then SIGKILL, to the server's own process group (it and its engine processes)."""
-    for sig, wait in ((signal.SIGINT, 60), (signal.SIGKILL, 30)):
-        if server.poll() is not None:
-            return
-        try:
-            os.killpg(server.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            server.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            continue

@@ -84,7 +84,7 @@ def choose_setup(
 
 def probe_layout(python: str, argv: list[str], name: str) -> float:
     """Tokens/s of one 64-token greedy reply from a server started with layout `name`."""
-    port = _free_port()
+    port = free_port()
     command = [python, *_with_port(argv, port)]
     log = cache_dir() / "serve-layouts" / f"probe-{name}.log"  # a file: a pipe would fill up
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -142,7 +142,8 @@ def _with_port(argv: list[str], port: int) -> list[str]:
     return argv
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A port on 127.0.0.1 that no socket holds now (the OS picks it)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]

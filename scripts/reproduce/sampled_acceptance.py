@@ -58,7 +58,7 @@ def main(checkpoint: str, records: int) -> None:
     block, generator = drafter.config.block_size, torch.Generator().manual_seed(0)
     argmax_rates, sampled_rates, ceiling_rates, head_rates = [], [], [], []  # [blocks, slots]
     chain_rates, scales = [], [float(x) for x in os.environ.get("DRAFT_SCALES", "").split(",") if x]
-    scaled_rates = {scale: [] for scale in scales}  # q = softmax(logits / (T * scale))
+    scaled_rates = {scale: [] for scale in scales}  # q = softmax(logits / scale), T = 1
     with torch.no_grad():
         for sample in heldout:
             if len(sample.response_ids) < block:
