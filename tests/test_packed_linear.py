@@ -13,7 +13,13 @@ from dcoco.decode.proposers import PromptLookupProposer
 from dcoco.errors import DcocoError
 from dcoco.models.drafter import BlockDrafter
 from dcoco.models.drafter_config import DrafterConfig
-from dcoco.models.packed_linear import PackedLinear, onednn_available, pack_linears, resolve_matmul
+from dcoco.models.packed_linear import (
+    PackedLinear,
+    amx_bf16,
+    onednn_available,
+    pack_linears,
+    resolve_matmul,
+)
 from dcoco.models.target import TargetModel
 
 pytestmark = [
@@ -86,3 +92,16 @@ def test_matmul_resolution():
         resolve_matmul("onednn", "int8", torch.bfloat16, CPU)
     with pytest.raises(DcocoError, match="unknown matmul 'mkl'"):
         resolve_matmul("mkl", "fp32", torch.float32, CPU)
+
+
+def test_amx_bf16_reads_the_cpus_flags(tmp_path):
+    """AMX is named by the kernel's flags: present on a Sapphire Rapids Xeon, absent on an EPYC
+    with AVX-512 bf16, and False where there is no cpuinfo to read."""
+    for name, flags, expected in (
+        ("xeon", "fpu avx512_bf16 amx_bf16 amx_tile", True),
+        ("epyc", "fpu avx512f avx512_bf16", False),
+    ):
+        cpuinfo = tmp_path / name
+        cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+        assert amx_bf16(str(cpuinfo)) is expected
+    assert amx_bf16(str(tmp_path / "missing")) is False

@@ -63,15 +63,15 @@ def test_bf16_prompt_lookup_equals_plain_with_rowwise():
         assert lookup.new_ids == plain
 
 
-@pytest.mark.parametrize("native", [False, True])  # AVX2: the fp32 product; else SDPA
+@pytest.mark.parametrize("amx", [False, True])  # no AMX: the fp32 product; else SDPA
 @pytest.mark.parametrize("context,k", [(3, 2), (40, 8)])
-def test_half_precision_rows_equal_steps_on_either_path(monkeypatch, native, context, k):
-    monkeypatch.setattr(rowwise_attention, "native_bf16", lambda: native)
+def test_half_precision_rows_equal_steps_on_either_path(monkeypatch, amx, context, k):
+    monkeypatch.setattr(rowwise_attention, "amx_bf16", lambda: amx)
     calls = []
     monkeypatch.setattr(rowwise_attention, "sdpa_attention_forward", counting(calls))
     together, steps = block_and_steps(tiny(ROWWISE), context, k)
     assert torch.equal(together, steps)
-    assert (1 in calls) == native  # one-query rows went where the machine sends them
+    assert (1 in calls) == amx  # one-query rows went where the machine sends them
 
 
 def test_the_fp32_product_is_sdpas_attention_rounded_once(monkeypatch):
@@ -80,7 +80,7 @@ def test_the_fp32_product_is_sdpas_attention_rounded_once(monkeypatch):
     generator = torch.Generator().manual_seed(0)
     query = torch.randn(1, 6, 1, 16, generator=generator).bfloat16()
     key, value = (torch.randn(1, 2, 37, 16, generator=generator).bfloat16() for _ in range(2))
-    monkeypatch.setattr(rowwise_attention, "native_bf16", lambda: False)
+    monkeypatch.setattr(rowwise_attention, "amx_bf16", lambda: False)
     module = SimpleNamespace(num_key_value_groups=3, training=False, is_causal=True)
     kwargs = {"scaling": 0.25, "dropout": 0.0}
     ours = rowwise_attention.one_query(module, query, key, value, kwargs)  # [1, 1, heads, dim]
@@ -92,14 +92,14 @@ def test_the_fp32_product_is_sdpas_attention_rounded_once(monkeypatch):
 
 
 def test_the_fp32_product_only_takes_what_it_computes(monkeypatch):
-    monkeypatch.setattr(rowwise_attention, "native_bf16", lambda: False)
+    monkeypatch.setattr(rowwise_attention, "amx_bf16", lambda: False)
     half, full = torch.zeros(1, 4, 1, 8).bfloat16(), torch.zeros(1, 4, 1, 8)
     plain = {"scaling": 0.3, "dropout": 0.0, "position_ids": None}
     assert rowwise_attention.fp32_math_pays(half, plain)
     assert not rowwise_attention.fp32_math_pays(full, plain)  # fp32 rows keep SDPA
     assert not rowwise_attention.fp32_math_pays(half, {**plain, "sliding_window": 16})
     assert not rowwise_attention.fp32_math_pays(half, {**plain, "dropout": 0.1})
-    monkeypatch.setattr(rowwise_attention, "native_bf16", lambda: True)
+    monkeypatch.setattr(rowwise_attention, "amx_bf16", lambda: True)
     assert not rowwise_attention.fp32_math_pays(half, plain)
 
 

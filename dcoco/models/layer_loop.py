@@ -15,6 +15,7 @@ architectures take the model's forward. Measured with scripts/reproduce/fused_st
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -84,7 +85,7 @@ class LayerLoop:
         past = cache.get_seq_length()
         hidden = self.body.embed_tokens.forward(input_ids[0])  # [tokens, hidden]
         positions = torch.arange(past, past + input_ids.shape[1], device=hidden.device)[None]
-        rotary = self.body.rotary_emb.forward(hidden, positions)  # cos, sin [1, tokens, head_dim]
+        rotary = _Rotary(*self.body.rotary_emb.forward(hidden, positions))
         captured: dict[int, Tensor] = {}
         for index, calls in enumerate(self.layers):
             hidden = hidden + self._attention(calls, calls.norm_in(hidden), rotary, cache)
@@ -94,14 +95,17 @@ class LayerLoop:
                 captured[index] = hidden[None]
         return self.body.norm.forward(hidden)[None], captured
 
-    def _attention(self, calls: _LayerCalls, hidden: Tensor, rotary, cache) -> Tensor:
+    def _attention(self, calls: _LayerCalls, hidden: Tensor, rotary: _Rotary, cache) -> Tensor:
         """LlamaAttention's arithmetic: [tokens, hidden] -> [tokens, hidden]."""
         attn = calls.attn
-        shape = (1, hidden.shape[0], -1, attn.head_dim)  # [1, tokens, heads, head_dim]
-        query, key, value = (part.view(shape) for part in calls.qkv(hidden))
-        query = calls.q_norm(query).transpose(1, 2)  # [1, heads, tokens, head_dim]
-        key, value = calls.k_norm(key).transpose(1, 2), value.transpose(1, 2)
-        query, key = apply_rotary_pos_emb(query, key, *rotary)
+        if calls.qkv_joint is None:
+            shape = (1, hidden.shape[0], -1, attn.head_dim)  # [1, tokens, heads, head_dim]
+            query, key, value = (part.view(shape) for part in calls.qkv(hidden))
+            query = calls.q_norm(query).transpose(1, 2)  # [1, heads, tokens, head_dim]
+            key, value = calls.k_norm(key).transpose(1, 2), value.transpose(1, 2)
+            query, key = apply_rotary_pos_emb(query, key, rotary.cos, rotary.sin)
+        else:
+            query, key, value = _rotated_qkv(calls, hidden, rotary, attn.head_dim)
         key, value = cache.update(key, value, attn.layer_idx)
         out, _ = self.attend(attn, query, key, value, None, dropout=0.0, scaling=attn.scaling)
         return calls.o(out.reshape(hidden.shape[0], -1).contiguous())
@@ -114,6 +118,11 @@ class _LayerCalls:
     attn: nn.Module
     norm_in: Callable[[Tensor], Tensor]
     qkv: Callable[[Tensor], tuple[Tensor, ...]]
+    # q, k and v as one product [tokens, (q + k + v heads) * head_dim] where the layer has one
+    # and no per-head norms, with q's and k's head counts: rotated as one tensor (_rotated_qkv)
+    qkv_joint: Callable[[Tensor], Tensor] | None
+    q_heads: int
+    k_heads: int
     q_norm: Callable[[Tensor], Tensor]  # per head (Qwen3), else the identity
     k_norm: Callable[[Tensor], Tensor]
     o: Callable[[Tensor], Tensor]
@@ -125,10 +134,15 @@ class _LayerCalls:
     @staticmethod
     def of(layer: nn.Module) -> _LayerCalls:
         attn, mlp = layer.self_attn, layer.mlp
+        qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
+        per_head_norms = hasattr(attn, "q_norm") or hasattr(attn, "k_norm")
         return _LayerCalls(
             attn=attn,
             norm_in=layer.input_layernorm.forward,
-            qkv=_one_input((attn.q_proj, attn.k_proj, attn.v_proj)),
+            qkv=_one_input(qkv),
+            qkv_joint=None if per_head_norms else _shared_product(qkv),
+            q_heads=attn.q_proj.out_features // attn.head_dim,
+            k_heads=attn.k_proj.out_features // attn.head_dim,
             q_norm=_forward_or_identity(getattr(attn, "q_norm", None)),
             k_norm=_forward_or_identity(getattr(attn, "k_norm", None)),
             o=_rows(attn.o_proj),
@@ -142,15 +156,51 @@ class _LayerCalls:
 def _one_input(modules: tuple[nn.Module, ...]) -> Callable[[Tensor], tuple[Tensor, ...]]:
     """The outputs of `modules` over one input: one product split by columns where they are the
     slices, in order, of one SharedProduct; else one call each."""
-    product = getattr(modules[0], "product", None)
-    in_order = [isinstance(m, OutputSlice) and m.product is product and m.part == i
-                for i, m in enumerate(modules)]  # fmt: skip
-    if all(in_order) and product.parts == len(modules):
+    call = _shared_product(modules)
+    if call is not None:
         widths = [m.out_features for m in modules]
-        call = _rows(product.linear)
         return lambda x: call(x).split(widths, dim=-1)
     calls = [_rows(m) for m in modules]
     return lambda x: tuple(call(x) for call in calls)
+
+
+def _shared_product(modules: tuple[nn.Module, ...]) -> Callable[[Tensor], Tensor] | None:
+    """The one product whose column slices, in order, `modules` are, else None."""
+    product = getattr(modules[0], "product", None)
+    in_order = [isinstance(m, OutputSlice) and m.product is product and m.part == i
+                for i, m in enumerate(modules)]  # fmt: skip
+    return _rows(product.linear) if all(in_order) and product.parts == len(modules) else None
+
+
+@dataclass(frozen=True)
+class _Rotary:
+    """A step's rotary tables: cos and sin [1, tokens, head_dim] as the model computes them."""
+
+    cos: Tensor
+    sin: Tensor
+
+    @functools.cached_property
+    def by_head(self) -> tuple[Tensor, Tensor]:
+        """cos and the signed sin [tokens, 1, head_dim] that turn rotate_half into a roll:
+        rotate_half(x) * sin = roll(x, head_dim / 2) * (-sin_low, sin_high), exactly (a sign
+        flip commutes with rounding), one table per step instead of per layer."""
+        half = self.sin.shape[-1] // 2
+        signed = torch.cat([-self.sin[..., :half], self.sin[..., half:]], dim=-1)
+        return self.cos[0, :, None], signed[0, :, None]
+
+
+def _rotated_qkv(calls: _LayerCalls, hidden: Tensor, rotary: _Rotary, head_dim: int):
+    """query [1, q heads, tokens, head_dim] and key, value [1, k heads, tokens, head_dim] with q
+    and k rotated as one tensor: apply_rotary_pos_emb's arithmetic (x cos + rotate_half(x) sin)
+    on the heads of both at once, bit for bit."""
+    heads = calls.qkv_joint(hidden).view(hidden.shape[0], -1, head_dim)  # [tokens, heads, d]
+    rotated = calls.q_heads + calls.k_heads
+    cos, signed_sin = rotary.by_head
+    qk = heads[:, :rotated]
+    qk = qk * cos + qk.roll(head_dim // 2, dims=-1) * signed_sin
+    query = qk[:, : calls.q_heads].transpose(0, 1)[None]
+    key = qk[:, calls.q_heads :].transpose(0, 1)[None]
+    return query, key, heads[:, rotated:].transpose(0, 1)[None]
 
 
 def _rows(module: nn.Module) -> Callable[[Tensor], Tensor]:

@@ -43,6 +43,18 @@ def native_bf16() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+@functools.cache
+def amx_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU multiplies bf16 on AMX tiles (Intel Xeon since Sapphire Rapids), as the
+    kernel's flags in `cpuinfo` say (False where there is none to read: not Linux)."""
+    try:
+        with open(cpuinfo) as lines:
+            flags = next((line for line in lines if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return "amx_bf16" in flags.split()
+
+
 def onednn_available(dtype: torch.dtype) -> bool:
     if not torch.backends.mkldnn.is_available() or dtype not in PACKABLE:
         return False

@@ -8,10 +8,13 @@ a cache runs k one-query SDPA calls, query i over the causal prefix of its own l
 the very call the step makes; the step itself, prefill and batches run SDPA unchanged. The linear
 layers must be row-invariant too (gguf's int4 kernel and int8's are, see their tests).
 
-Each one-query call runs SDPA, except in bf16 or fp16 on a CPU without native bf16 (AVX2 only):
-there SDPA's half-precision kernel took 218 µs a call over 300 keys and 727 µs over 1,000 (one
-SmolLM2 layer, 2 cores of a Zen 3), the same product in fp32 (upcast K and V, q Kᵀ, softmax, P V,
-round once) 97 and 194 µs. Verify rows and steps take the same path, so rows stay equal to steps.
+Each one-query call runs SDPA, except in bf16 or fp16 on a CPU without AMX: there SDPA's
+half-precision kernel is slow for one query, and the same product in fp32 (upcast q, K and V,
+SDPA's fp32 kernel, round once) is faster. One SmolLM2 layer's call on 2 cores, 300 / 1,000 keys: 218 /
+727 µs against 97 / 194 µs on an AVX2-only Zen 3; 175-300 / 540-990 µs against 65-110 / 150-200 µs
+on a Zen 4 EPYC with AVX-512 bf16 (`dcoco profile`'s gguf verify(8) 72.7 → 41.1 ms there), while
+on an AMX Xeon SDPA's bf16 call took about 27 µs. Verify rows and steps take the same path, so rows
+stay equal to steps.
 
 Measured cost: see `dcoco profile` (the `rowwise` rows) and the README's precision section.
 """
@@ -19,12 +22,13 @@ Measured cost: see `dcoco profile` (the `rowwise` rows) and the README's precisi
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from dcoco.models.packed_linear import native_bf16
+from dcoco.models.packed_linear import amx_bf16
 
 ROWWISE = "dcoco_rowwise"  # the name transformers knows it by
 MAX_ROWWISE_QUERIES = 16  # longer inputs are prefills: one SDPA call, like every method's prefill
@@ -48,8 +52,9 @@ def rowwise_attention_forward(
     fp32 = fp32_math_pays(query, kwargs)
     if queries == 1:  # the step: the one row's call, without the split and join
         return one_query(module, query, key, value, kwargs, fp32), None
-    if fp32:  # upcast once for every row: a row's slice of it holds the values it would upcast
-        key, value = key.float(), value.float()
+    dtype = query.dtype
+    if fp32:  # upcast once for every row, round once after: a row's slice holds the same values
+        query, key, value = query.float(), key.float(), value.float()
     rows = [
         one_query(
             module,
@@ -61,7 +66,7 @@ def rowwise_attention_forward(
         )
         for i in range(queries)
     ]
-    return torch.cat(rows, dim=1), None  # [batch, queries, heads, head_dim]
+    return torch.cat(rows, dim=1).to(dtype), None  # [batch, queries, heads, head_dim]
 
 
 def one_query(
@@ -72,23 +77,24 @@ def one_query(
     one fp32 product rather than SDPA (None: fp32_math_pays decides)."""
     if not (fp32_math_pays(query, kwargs) if fp32 is None else fp32):
         return sdpa_attention_forward(module, query, key, value, None, is_causal=False, **kwargs)[0]
-    kv_heads, head_dim = key.shape[1], key.shape[-1]
-    grouped = query.float().view(1, kv_heads, -1, head_dim)  # query heads by the K/V they read
-    weights = torch.matmul(grouped, key.float().transpose(-1, -2)) * kwargs["scaling"]
-    out = torch.matmul(torch.softmax(weights, dim=-1), value.float())  # [1, kv, group, head_dim]
-    return out.view(1, 1, -1, head_dim).to(query.dtype)
+    # SDPA's fp32 kernel: one call, where q Kᵀ, softmax and P V as three ops took 1.5x its time
+    # (Zen 4, 300 keys: small fp32 matmuls pay their dispatch)
+    out = F.scaled_dot_product_attention(
+        query.float(), key.float(), value.float(), scale=kwargs["scaling"], enable_gqa=True
+    )  # [1, heads, 1, head_dim]
+    return out.transpose(1, 2).to(query.dtype)
 
 
 def fp32_math_pays(query: Tensor, kwargs: dict) -> bool:
-    """A half-precision row on a CPU without native bf16, and nothing in `kwargs` the plain
-    product leaves out (dropout, a sliding window, soft-capping, sinks)."""
+    """A half-precision row on a CPU without AMX, and nothing in `kwargs` the plain product
+    leaves out (dropout, a sliding window, soft-capping, sinks)."""
     if query.dtype not in (torch.bfloat16, torch.float16) or query.device.type != "cpu":
         return False
     plain = {"scaling", "dropout", "position_ids", "cache_position", "use_cache"}
     extra = [name for name, value in kwargs.items() if name not in plain and value is not None]
     if extra or kwargs.get("dropout") or kwargs.get("scaling") is None:
         return False
-    return not native_bf16()
+    return not amx_bf16()
 
 
 def hf_attention(kernel: str) -> str:
