@@ -75,6 +75,8 @@ def test_half_precisions_equal_the_models_forward(dtype):
 def test_int8_and_gguf_layers_equal_the_models_forward():
     assert_bit_equal(*loop_and_model(tiny("llama", torch.bfloat16, int8=True), 4))
     gguf = tiny_gguf_target()
+    # gguf's q/k/v are one product: q and k rotate as one tensor (layer_loop._rotated_qkv)
+    assert all(calls.qkv_joint is not None for calls in gguf.layer_loop.layers)
     for tokens in (1, 6):
         assert_bit_equal(*loop_and_model(gguf, tokens))
 
