@@ -8,6 +8,7 @@ import torch
 from conftest import make_tiny_target
 
 from dcoco.errors import DcocoError
+from dcoco.models import gguf_weights
 from dcoco.models.cache import crop_cache
 from dcoco.models.gguf_weights import (
     GROUP,
@@ -19,7 +20,7 @@ from dcoco.models.gguf_weights import (
     q4_1_blocks,
 )
 from dcoco.models.precision import resolve_attention
-from dcoco.models.rowwise_attention import hf_attention
+from dcoco.models.rowwise_attention import MAX_ROWWISE_QUERIES, hf_attention
 from dcoco.models.shared_input import OutputSlice
 from dcoco.models.target import TargetModel
 
@@ -65,6 +66,26 @@ def test_int4_rows_of_a_block_equal_single_rows():
     linear = Int4GroupLinear(codes, scale, zero)
     x = torch.randn(9, 128).bfloat16()
     assert torch.equal(linear(x), torch.cat([linear(x[i : i + 1]) for i in range(9)]))
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_prefills_run_the_dequantised_copy(monkeypatch, native):
+    """Inputs longer than a verify (prefills) take the dequantised weights, bf16 where the CPU
+    computes it natively, else fp32; steps and verifies keep the int4 kernel."""
+    monkeypatch.setattr(gguf_weights, "native_bf16", lambda: native)
+    codes, scale, zero = q4_1_blocks(q4_1_bytes(48, 64, seed=5), 48, 64)
+    linear = Int4GroupLinear(codes, scale, zero)
+    assert linear.prefill_dtype == (torch.bfloat16 if native else torch.float32)
+    weight = dequantise(codes, scale.bfloat16().float(), zero.bfloat16().float())
+    prompt = torch.randn(MAX_ROWWISE_QUERIES + 1, 64).bfloat16()
+    calls = []
+    monkeypatch.setattr(gguf_weights, "int4_rows", lambda *args: calls.append(1) or args[0][:, :48])
+    got = linear(prompt)
+    assert not calls and got.dtype == torch.bfloat16
+    expected = (prompt.to(linear.prefill_dtype) @ weight.to(linear.prefill_dtype).T).bfloat16()
+    assert torch.equal(got, expected)
+    linear(prompt[:MAX_ROWWISE_QUERIES])
+    assert calls == [1]
 
 
 def test_q_and_k_rows_return_to_hf_order():
