@@ -12,7 +12,7 @@ Each one-query call runs SDPA, except in bf16 or fp16 on a CPU without AMX: ther
 half-precision kernel is slow for one query, and the same product in fp32 (upcast q, K and V,
 SDPA's fp32 kernel, round once) is faster. One SmolLM2 layer's call on 2 cores, 300 / 1,000
 keys: 218 / 727 µs against 97 / 194 µs (the fp32 product then written as three ops) on an
-AVX2-only Zen 3; 175-300 / 540-990 µs against 58-96 / 131-238 µs on a Zen 4 EPYC with AVX-512
+AVX2-only Zen 3; 175-300 / 540-990 µs against 58-98 / 131-238 µs on a Zen 4 EPYC with AVX-512
 bf16 (a gguf 8-token verify there 72.7 → 41.1 ms, interleaved), while on an AMX Xeon SDPA's bf16
 call took about 27 µs. Verify rows and steps take the same path, so rows stay equal to steps.
 

@@ -10,9 +10,9 @@ heads, 3 K/V heads, head_dim 64) over 300 and 1,000 keys, call after call in tur
 - `upcast + fp32 sdpa`: bf16 rows upcast, SDPA in fp32, rounded back (the path on other CPUs);
 - `upcast + three ops`: the same product as q Kᵀ, softmax, P V (the path before 2026-12-06).
 
-Measured 2026-12-06 on 2 cores of an AMD EPYC Zen 4 (AVX-512 bf16, no AMX), three runs, 300 /
-1,000 keys: bf16 sdpa 175-300 / 540-990 µs, fp32 sdpa 32-43 / 78-128, upcast + fp32 sdpa 58-96 /
-131-238, upcast + three ops 65-110 / 150-200.
+Measured 2026-12-06 on 2 cores of an AMD EPYC Zen 4 (AVX-512 bf16, no AMX), four runs, 300 /
+1,000 keys: bf16 sdpa 175-300 / 540-990 µs, fp32 sdpa 32-43 / 78-128, upcast + fp32 sdpa 58-98 /
+131-238, upcast + three ops 65-121 / 150-270.
 
 Usage: .venv/bin/python scripts/reproduce/one_query_attention.py
 """
