@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 import statistics
 import sys
 import time
@@ -22,6 +21,7 @@ import torch
 
 from dcoco.decode.proposers import DraftContext, Proposer
 from dcoco.models.cache import crop_cache
+from dcoco.models.cpu_info import cpu_info
 from dcoco.models.target import TargetModel
 from dcoco.paths import cache_dir
 
@@ -189,17 +189,11 @@ def _read_curve(path: Path) -> CostCurve | None:
 
 def machine_fingerprint() -> dict[str, str]:
     """What the curve depends on besides the target: CPU model and ISA, threads, torch."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        lines = []  # not Linux: what the platform module knows
-    fallback = platform.processor() or platform.machine()
-    cpu = next((line.split(":", 1)[1].strip() for line in lines if "model name" in line), fallback)
-    flags = next((line.split(":", 1)[1] for line in lines if line.startswith("flags")), "")
-    isa = sorted(f for f in flags.split() if f.startswith(("avx", "amx", "fma")))
+    cpu = cpu_info()
+    isa = sorted(f for f in cpu.flags if f.startswith(("avx", "amx", "fma")))
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
     return {
-        "cpu": cpu,
+        "cpu": cpu.model,
         "gpu": gpu,
         "isa": " ".join(isa),
         "threads": str(torch.get_num_threads()),

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import platform
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -23,6 +22,7 @@ import torch
 
 from dcoco.errors import DcocoError
 from dcoco.models.catalogue import drafter_digest
+from dcoco.models.cpu_info import cpu_info
 from dcoco.paths import REPO_ROOT, portable, portable_record
 
 RUN_FILE = "run.json"
@@ -30,17 +30,8 @@ SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
 
 def machine() -> dict:
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    except OSError:
-        pass
-    record = {"cpu": model, "flags": [f for f in SPEED_FLAGS if f in flags],
+    cpu = cpu_info()
+    record = {"cpu": cpu.model, "flags": [f for f in SPEED_FLAGS if f in cpu.flags],
               "cores": os.cpu_count()}  # fmt: skip
     if torch.cuda.is_available():
         record["gpu"] = torch.cuda.get_device_name(0)

@@ -94,10 +94,9 @@ def _prefill_linear(codes: Tensor, scales_and_zeros: Tensor) -> nn.Linear:
     `--matmul onednn` it is packed like every other linear layer."""
     scale, zero = scales_and_zeros.float().unbind(-1)  # [groups, out] each
     weight = dequantise(codes, scale.T, zero.T)  # [out, in] fp32
-    dtype = torch.float32 if not native_bf16() else torch.bfloat16
-    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta", dtype=dtype)
-    linear = linear.to_empty(device=codes.device).requires_grad_(False)
-    linear.weight.copy_(weight)
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    dtype = torch.bfloat16 if native_bf16() else torch.float32
+    linear.weight = nn.Parameter(weight.to(dtype), requires_grad=False)
     return linear
 
 

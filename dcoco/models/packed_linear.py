@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from dcoco.errors import DcocoError
+from dcoco.models.cpu_info import CPUINFO, cpu_info
 from dcoco.models.precision import replace_linears
 
 MATMULS = ("auto", "aten", "onednn")
@@ -43,16 +44,10 @@ def native_bf16() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-@functools.cache
-def amx_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+def amx_bf16(cpuinfo: str = CPUINFO) -> bool:
     """Whether this CPU multiplies bf16 on AMX tiles (Intel Xeon since Sapphire Rapids), as the
     kernel's flags in `cpuinfo` say (False where there is none to read: not Linux)."""
-    try:
-        with open(cpuinfo) as lines:
-            flags = next((line for line in lines if line.startswith("flags")), "")
-    except OSError:
-        return False
-    return "amx_bf16" in flags.split()
+    return "amx_bf16" in cpu_info(cpuinfo).flags
 
 
 def onednn_available(dtype: torch.dtype) -> bool:
