@@ -17,6 +17,7 @@ from dcoco.models.copy_hints import (
     MAX_NGRAM,
     MIN_NGRAM,
     NO_HINT,
+    ContextMatcher,
     add_copy_bonus,
     context_hints,
     hints_at,
@@ -72,6 +73,20 @@ def test_hints_continue_a_loop_shorter_than_the_block():
     assert context_hints(torch.tensor(ids), 6).tolist() == [7, 5, 6, 7, 5, 6]
     no_match = context_hints(torch.tensor([9, 5, 6, 7]), 3).tolist()
     assert no_match == [NO_HINT] * 3  # no earlier bigram: MASK stays
+
+
+def test_a_matcher_over_a_growing_reply_gives_the_whole_contexts_hints():
+    rng = random.Random(2)
+    for _ in range(10):
+        ids = torch.tensor([rng.randrange(4) for _ in range(rng.randrange(2, 60))])
+        matcher, length = ContextMatcher(), 1
+        while length <= len(ids):  # grown by 1-4 tokens a call, as a decoding cycle commits
+            for repeat in range(2):  # asked again with nothing new: the same hints
+                got = matcher.hints(ids[:length], 5)
+                assert torch.equal(got, context_hints(ids[:length], 5)), (ids, length, repeat)
+            length += rng.randrange(1, 5)
+        other = torch.tensor([3, 2, 1, 3, 2])  # not a continuation: starts over
+        assert torch.equal(matcher.hints(other, 4), context_hints(other, 4))
 
 
 def test_hints_read_no_token_after_the_anchor():

@@ -184,6 +184,11 @@ def _settings(config) -> dict[str, tuple[str, str]]:
     return settings
 
 
+# Bumped when the drafter's pass changes what a draft costs, so that choices cached before it are
+# made again (2: dcoco.models.draft_pass, int4 drafters, drafted blocks).
+DRAFT_PASS = 2
+
+
 def _plain(head_dtype: str) -> str:
     """The head setting where auto has nothing to weigh: the target's own."""
     return "target" if head_dtype == "auto" else head_dtype
@@ -200,8 +205,10 @@ def _choice_path(config, methods: list[str]) -> Path:
         "methods": methods,
         "draft_dtype": config.draft_dtype,
         "draft_vocab": config.draft_vocab,
+        "draft_block": config.draft_block,
         "compile_head": config.compile_head,
         "kernels": KERNELS,
+        "draft_pass": DRAFT_PASS,
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return cache_dir() / "profiles" / f"auto-dtype-{Path(config.target).name}-{digest}.json"

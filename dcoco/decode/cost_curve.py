@@ -29,8 +29,9 @@ CONTEXT = 300  # tokens already in the cache when a step is timed (a mid-length 
 CURVE_TOKENS = 16  # the least a curve covers, so one measurement serves every draft length
 # Bumped when a kernel change moves what a forward costs, so that curves and choices cached
 # before it are measured again (2: rowwise's fp32 product for half-precision rows on AVX2 CPUs;
-# 3: decoding calls through dcoco.models.layer_loop; 4: the fp32 product on every CPU without AMX).
-KERNELS = 4
+# 3: decoding calls through dcoco.models.layer_loop; 4: the fp32 product on every CPU without AMX;
+# 5: that product's K/V cached in fp32).
+KERNELS = 5
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dcoco.contracts import Proposal
 from dcoco.decode.proposers import DraftContext
 from dcoco.decode.sampled_drafts import sampled_proposal
 from dcoco.errors import DcocoError
-from dcoco.models.copy_hints import context_hints
+from dcoco.models.copy_hints import ContextMatcher
 from dcoco.models.drafter import BlockDrafter
 from dcoco.models.row_reduce import row_argmax
 
@@ -41,9 +41,11 @@ class DFlashProposer:
         self.acceptance_prior = acceptance_prior
         self.sampled_drafts = sampled_drafts
         self.cache = drafter.new_cache()
+        self.matcher = ContextMatcher()  # the copy hints' n-gram matches in this reply
 
     def start(self, prompt_ids: list[int]) -> None:
         self.cache = self.drafter.new_cache()
+        self.matcher = ContextMatcher()
 
     def propose(self, context: DraftContext) -> Proposal:
         logits, _hidden = self.draft_block(context)  # [batch, slots, vocab or N columns]
@@ -70,7 +72,7 @@ class DFlashProposer:
         limit = min(self.num_draft_tokens, context.max_slots)
         hints = None
         if self.drafter.config.copy_hints:  # every slot's, as in training, not only the proposed
-            hints = context_hints(context.tokens, self.drafter.config.block_size - 1)[None]
+            hints = self.matcher.hints(context.tokens, self.drafter.config.block_size - 1)[None]
         return self.drafter.draft(
             context.tokens[-1:], context.new_features, self.cache, num_slots=limit, hint_ids=hints
         )

@@ -1,13 +1,24 @@
-"""The drafter's precision (`--draft-dtype`): the target's, or fp32 beside a half-precision target.
+"""The drafter's precision (`--draft-dtype`): the target's, fp32 beside a half-precision target,
+or int4 groups; and the rows a draft pass runs (`--draft-block`).
 
 A drafter shares the target's embedding and LM head and by default runs in the target's dtype. On
 a CPU without native bf16 (AVX2 only) every bf16 product is emulated: the drafter's pass, most of
 it the 49,152-row head over the drafted slots, took 12-33 ms at bf16 against 10-12 ms at fp32
 with oneDNN's prepacked weights (`dcoco profile`, 1-7 slots, Zen 3, 2 cores), beside a 34 ms gguf
 step. So `auto` runs the drafter, its draft head and a private fp32 copy of the LM head (113 MB
-for SmolLM2) in fp32 there, and the target's dtype everywhere else. Drafts are proposals: the
-target still verifies every token, so the output is the same; only which tokens get proposed
-may change, as between any two precisions.
+for SmolLM2) in fp32 there.
+
+On a CPU with native bf16 but no AMX (AVX-512 bf16: AMD Zen 4) the pass streams its weights
+faster as int4 groups (dcoco.models.int4_groups) on the CPU's int4 kernel: 2-core EPYC, SmolLM2's
+drafter, `dcoco profile`, 3 drafts: 3.0 ms bf16, 2.0 ms int4, with `--draft-block drafted`. So
+`auto` is int4 there. Elsewhere (AMX, where bf16 products run on tiles; CUDA) it is the target's
+dtype. Drafts are proposals: the target still verifies every token, so the output is the same;
+only which tokens get proposed may change, as between any two precisions (τ at 4 and 7 drafts
+moved by 0.01-0.02 between bf16 and int4, docs/results.md).
+
+`--draft-block drafted` (the default) runs the anchor and the slots this cycle drafts, not the
+whole block, as vLLM runs DFlash when it drafts fewer tokens than the block holds; the slots see
+fewer masks after them than in training (τ 2.33 -> 2.31 at 4 drafts, same place).
 """
 
 from __future__ import annotations
@@ -16,15 +27,26 @@ import torch
 from torch import nn
 
 from dcoco.errors import DcocoError
+from dcoco.models.draft_pass import DraftPass, dense_product
 from dcoco.models.drafter import BlockDrafter
 from dcoco.models.drafter_io import load_drafter
 from dcoco.models.head_precision import Fp32Head, head_copy
-from dcoco.models.packed_linear import native_bf16, onednn_available, pack_linears
+from dcoco.models.int4_groups import int4_linear
+from dcoco.models.packed_linear import amx_bf16, native_bf16, onednn_available, pack_linears
 from dcoco.models.target import TargetModel
 
-DRAFT_DTYPES = ("auto", "target", "fp32")
+DRAFT_DTYPES = ("auto", "target", "fp32", "int4")
 HALF = (torch.bfloat16, torch.float16)
 PLAIN_HEADS = (nn.Linear, Fp32Head)  # heads whose weights an fp32 drafter can run on
+
+
+DRAFT_BLOCKS = ("drafted", "full")
+
+
+def check_draft_block(name: str) -> str:
+    if name not in DRAFT_BLOCKS:
+        raise DcocoError(f"unknown draft block '{name}': choose one of {', '.join(DRAFT_BLOCKS)}")
+    return name
 
 
 def check_draft_dtype(name: str) -> str:
@@ -33,20 +55,30 @@ def check_draft_dtype(name: str) -> str:
     return name
 
 
+def draft_setting(name: str, target: TargetModel) -> str:
+    """What the setting `name` runs beside `target`: `target`, `fp32` or `int4` (`auto` resolved
+    from the machine, see the module doc)."""
+    if check_draft_dtype(name) != "auto":
+        return name
+    if target.device.type != "cpu" or target.dtype not in HALF:
+        return "target"
+    if not native_bf16():
+        return "fp32" if isinstance(target.lm_head, PLAIN_HEADS) else "target"
+    return "target" if amx_bf16() else "int4"
+
+
 def draft_dtype(name: str, target: TargetModel) -> torch.dtype:
-    """The drafter's dtype for `target` under the setting `name` (see the module doc)."""
-    if check_draft_dtype(name) == "target":
+    """The drafter's dtype for `target` under the setting `name` (int4: the dtype its products
+    take and give, the target's)."""
+    setting = draft_setting(name, target)
+    if setting != "fp32":
         return target.dtype
-    if name == "fp32":
-        if not isinstance(target.lm_head, PLAIN_HEADS):
-            raise DcocoError(
-                f"--draft-dtype fp32 needs the target's LM head as plain weights (its precision "
-                f"{target.precision} keeps it otherwise); use --draft-dtype target"
-            )
-        return torch.float32
-    emulated = target.device.type == "cpu" and not native_bf16()
-    plain_head = isinstance(target.lm_head, PLAIN_HEADS)
-    return torch.float32 if emulated and plain_head and target.dtype in HALF else target.dtype
+    if not isinstance(target.lm_head, PLAIN_HEADS):
+        raise DcocoError(
+            f"--draft-dtype fp32 needs the target's LM head as plain weights (its precision "
+            f"{target.precision} keeps it otherwise); use --draft-dtype target"
+        )
+    return torch.float32
 
 
 def load_proposer_drafter(path, target: TargetModel, name: str) -> BlockDrafter:
@@ -62,11 +94,24 @@ def load_proposer_drafter(path, target: TargetModel, name: str) -> BlockDrafter:
     return load_drafter(path, target, dtype, head_copy(target.lm_head, dtype))
 
 
-def pack_drafter(drafter: BlockDrafter, target: TargetModel) -> BlockDrafter:
-    """The drafter's linear layers on oneDNN's prepacked kernel where the target's are, or where
-    the drafter runs apart from the target in a dtype oneDNN takes (the draft heads keep aten's,
-    as they read their weights directly)."""
+def int4_drafter(name: str, target: TargetModel) -> bool:
+    """Whether the setting `name` runs the drafter's products and draft head as int4 groups
+    (dcoco.models.int4_groups): the CPU kernel's, so CPU targets only."""
+    if draft_setting(name, target) != "int4":
+        return False
+    if target.device.type != "cpu":
+        raise DcocoError("--draft-dtype int4 runs on the CPU's int4 kernel: use it on a CPU")
+    return True
+
+
+def pack_drafter(drafter: BlockDrafter, target: TargetModel, int4: bool = False) -> BlockDrafter:
+    """The drafter's decoding pass (dcoco.models.draft_pass) from its weights: int4 groups with
+    `int4`, else its dtype's, on oneDNN's prepacked kernel where the target's are, or where the
+    drafter runs apart from the target in a dtype oneDNN takes (the draft heads keep reading the
+    module's weights, which stay as they are)."""
+    draft_pass = DraftPass(drafter, int4_linear if int4 else dense_product)
     apart = drafter.dtype != target.dtype and target.device.type == "cpu"
     if target.matmul == "onednn" or (apart and onednn_available(drafter.dtype)):
-        pack_linears(drafter)
+        pack_linears(draft_pass)  # int4 layers: their dense copy for prefills
+    drafter.use_draft_pass(draft_pass)
     return drafter

@@ -22,7 +22,7 @@ from torch import Tensor
 from dcoco.contracts import Proposal
 from dcoco.decode.dflash_proposer import DFlashProposer
 from dcoco.decode.proposers import DraftContext
-from dcoco.models.copy_hints import NO_HINT, context_hints
+from dcoco.models.copy_hints import NO_HINT
 
 
 class HybridProposer:
@@ -46,7 +46,7 @@ class HybridProposer:
         if self._unread is not None:
             features = torch.cat([self._unread, features], dim=1)
         limit = min(self.num_draft_tokens, context.max_slots)
-        hints = context_hints(context.tokens, limit)  # [limit]
+        hints = self.dflash.matcher.hints(context.tokens, limit)  # [limit]
         if limit and hints[0] != NO_HINT:
             self._unread = features
             return Proposal(draft_tokens=hints[None])

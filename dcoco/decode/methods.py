@@ -16,7 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from dcoco.decode.draft_precision import load_proposer_drafter, pack_drafter
+from dcoco.decode.draft_precision import (
+    check_draft_block,
+    int4_drafter,
+    load_proposer_drafter,
+    pack_drafter,
+)
 from dcoco.decode.proposers import PromptLookupProposer, Proposer
 from dcoco.errors import DcocoError
 from dcoco.models.catalogue import default_checkpoint
@@ -41,6 +46,7 @@ class MethodOptions:
     selection: str = "greedy"  # dcoco's selection rule when the spec names none
     draft_dtype: str = "auto"  # the drafter's precision (dcoco.decode.draft_precision)
     draft_vocab: str = "auto"  # the drafter's head rows (dcoco.models.draft_vocab)
+    draft_block: str = "drafted"  # drafted | full: the rows a draft pass runs (BlockDrafter.draft)
     compile_head: bool = False  # the DCOCO corrector's pick compiled (dcoco.models.head_compile)
     sampled_drafts: bool = False  # sampled requests draw drafts (dcoco.decode.sampled_drafts)
 
@@ -185,18 +191,20 @@ def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> 
     from dcoco.models.head_io import load_head
 
     drafter = load_proposer_drafter(path, target, options.draft_dtype)
+    int4 = int4_drafter(options.draft_dtype, target)
+    drafter.drafted_rows_only = check_draft_block(options.draft_block) == "drafted"
     num_draft_tokens = options.num_draft_tokens or None
     prior = stored_slot_accuracy(path)
     if spec.method in ("dflash", "pld-dflash"):
-        drafter = pack_drafter(drafter, target)
-        drafter.use_draft_vocab(_vocab_ids(options, target))
+        drafter = pack_drafter(drafter, target, int4)
+        drafter.use_draft_vocab(_vocab_ids(options, target), int4)
         proposer = DFlashProposer(
             drafter, num_draft_tokens, prior, sampled_drafts=options.sampled_drafts
         )
         return proposer if spec.method == "dflash" else HybridProposer(proposer)
     head = load_head(path, target, drafter, drafter.dtype)
-    drafter = pack_drafter(drafter, target)  # after the head, which may read its weights
-    drafter.use_draft_vocab(_vocab_ids(options, target))
+    drafter = pack_drafter(drafter, target, int4)  # after the head, which may read its weights
+    drafter.use_draft_vocab(_vocab_ids(options, target), int4)
     return HeadProposer(
         drafter,
         head,

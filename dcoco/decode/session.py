@@ -10,7 +10,7 @@ from dcoco.contracts import SamplingParams
 from dcoco.decode.auto_precision import resolve_precision
 from dcoco.decode.cost_curve import forward_curve
 from dcoco.decode.draft_length import DraftLengthPolicy
-from dcoco.decode.draft_precision import check_draft_dtype
+from dcoco.decode.draft_precision import check_draft_block, check_draft_dtype
 from dcoco.decode.engine import Engine
 from dcoco.decode.methods import MethodOptions, build_proposer
 from dcoco.errors import DcocoError
@@ -38,9 +38,10 @@ class DecodeConfig:
     num_draft_tokens: str = "auto"  # auto | N: drafts per cycle (auto: best measured tokens/s)
     drafter: str = ""  # drafter checkpoint; empty = the one shipped for the target
     selection: str = "greedy"  # dcoco's selection rule: greedy | keep1 | global | discounted | top1
-    draft_dtype: str = "auto"  # drafter precision: auto (fp32 beside bf16 on AVX2) | target | fp32
+    draft_dtype: str = "auto"  # drafter: auto (AVX2 fp32, AVX-512 bf16 int4) | target | fp32 | int4
     head_dtype: str = "auto"  # LM head precision: auto (measured with --dtype) | target | fp32
     draft_vocab: str = "auto"  # drafter head rows: auto (16000 most frequent) | full | N
+    draft_block: str = "drafted"  # drafter pass rows: drafted (anchor + drafts) | full (block)
     compile_head: bool = True  # compile the DCOCO corrector's pick (torch.compile, first draft)
     sampled_drafts: bool = True  # at T > 0 draw drafts from the drafter's distribution, not argmax
 
@@ -55,6 +56,7 @@ class DecodeConfig:
             selection=self.selection,
             draft_dtype=check_draft_dtype(self.draft_dtype),  # bad input fails at once
             draft_vocab=check_draft_vocab(self.draft_vocab),
+            draft_block=check_draft_block(self.draft_block),
             compile_head=self.compile_head,
             sampled_drafts=self.sampled_drafts,
         )

@@ -10,6 +10,9 @@ reads the same values either way (bit-equal logits, see tests/test_cache.py). Me
 
 from __future__ import annotations
 
+import functools
+
+import torch
 from torch import Tensor
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
@@ -19,8 +22,13 @@ MIN_ROOM = 256  # positions a fresh buffer holds at least: a prompt plus a few c
 
 class GrowingLayer(DynamicLayer):
     """A full-attention layer's K/V [batch, kv_heads, positions, head_dim] as views of a buffer
-    with room for more positions. Inference only: a key that needs grad takes the parent's path
-    (an in-place write into a buffer would clobber what autograd saved)."""
+    with room for more positions, kept in `storage_dtype` where one is given (the new positions
+    cast on the way in; None: the K/V's own dtype). Inference only: a key that needs grad takes
+    the parent's path (an in-place write into a buffer would clobber what autograd saved)."""
+
+    def __init__(self, storage_dtype: torch.dtype | None = None):
+        super().__init__()
+        self.storage_dtype = storage_dtype
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
@@ -47,7 +55,7 @@ class GrowingLayer(DynamicLayer):
         """Whether the buffer can take positions old..new-1 and the cached K/V still live in it
         (a batch reorder or a parent-path update replaces them with tensors of their own)."""
         room = self.key_room
-        if room is None or new > room.shape[-2] or room.dtype != key_states.dtype:
+        if room is None or new > room.shape[-2] or room.dtype != self._dtype(key_states):
             return False
         if room.shape[:2] != key_states.shape[:2] or room.shape[-1] != key_states.shape[-1]:
             return False
@@ -56,25 +64,33 @@ class GrowingLayer(DynamicLayer):
     def _regrow(self, key_states: Tensor, value_states: Tensor, old: int, new: int) -> None:
         """New buffers with room for 2x `new` positions, holding the first `old` cached ones."""
         capacity = max(MIN_ROOM, 2 * new)
-        key_room = key_states.new_empty((*key_states.shape[:2], capacity, key_states.shape[-1]))
+        dtype = self._dtype(key_states)
+        key_room = key_states.new_empty(
+            (*key_states.shape[:2], capacity, key_states.shape[-1]), dtype=dtype
+        )
         value_room = value_states.new_empty(
-            (*value_states.shape[:2], capacity, value_states.shape[-1])
+            (*value_states.shape[:2], capacity, value_states.shape[-1]), dtype=dtype
         )
         if old:
             key_room[..., :old, :] = self.keys[..., :old, :]
             value_room[..., :old, :] = self.values[..., :old, :]
         self.key_room, self.value_room = key_room, value_room
 
+    def _dtype(self, key_states: Tensor) -> torch.dtype:
+        return self.storage_dtype or key_states.dtype
 
-def new_cache(config=None) -> DynamicCache:
+
+def new_cache(config=None, storage_dtype: torch.dtype | None = None) -> DynamicCache:
     """An empty cache: GrowingLayer for every full-attention layer of `config` (the other kinds
-    keep transformers' own layer); without a config, GrowingLayers made as layers are reached."""
+    keep transformers' own layer); without a config, GrowingLayers made as layers are reached.
+    `storage_dtype`: what the GrowingLayers keep their K/V in (None: the K/V's own dtype)."""
     cache = DynamicCache(config=config)
     if config is None:
-        cache.layer_class_to_replicate = GrowingLayer
+        cache.layer_class_to_replicate = functools.partial(GrowingLayer, storage_dtype)
         return cache
     cache.layers = [
-        GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers
+        GrowingLayer(storage_dtype) if type(layer) is DynamicLayer else layer
+        for layer in cache.layers
     ]
     return cache
 

@@ -29,17 +29,26 @@ def match_table(ids: list[int]) -> list[int]:
     """follow[i]: the position right after the most recent earlier occurrence of the longest
     n-gram (MAX_NGRAM .. MIN_NGRAM) ending at position i, or NO_HINT when it has none. The same
     match as prompt lookup's on the context `ids[: i + 1]`."""
-    last_end: list[dict[tuple[int, ...], int]] = [{} for _ in range(MAX_NGRAM + 1)]
-    follow = [NO_HINT] * len(ids)
-    for i in range(len(ids)):
-        for n in range(MAX_NGRAM, MIN_NGRAM - 1, -1):
-            if i + 1 < n:
-                continue
-            key = tuple(ids[i + 1 - n : i + 1])
-            end = last_end[n].get(key)
-            if end is not None and follow[i] == NO_HINT:
-                follow[i] = end + 1
-            last_end[n][key] = i
+    last_end = _ngram_ends()
+    return [_follow(ids, i, last_end) for i in range(len(ids))]
+
+
+def _ngram_ends() -> list[dict[tuple[int, ...], int]]:
+    """Per n, each n-gram's last end position so far (what _follow reads and updates)."""
+    return [{} for _ in range(MAX_NGRAM + 1)]
+
+
+def _follow(ids: list[int], i: int, last_end: list[dict[tuple[int, ...], int]]) -> int:
+    """match_table(ids)[i], given the n-gram ends of ids[:i]; records the n-grams ending at i."""
+    follow = NO_HINT
+    for n in range(MAX_NGRAM, MIN_NGRAM - 1, -1):
+        if i + 1 < n:
+            continue
+        key = tuple(ids[i + 1 - n : i + 1])
+        end = last_end[n].get(key)
+        if end is not None and follow == NO_HINT:
+            follow = end + 1
+        last_end[n][key] = i
     return follow
 
 
@@ -87,8 +96,38 @@ def hints_at(ids: list[int], follow: list[int], anchor: int, slots: int) -> list
     return [ids[start + k % period] for k in range(slots)]
 
 
+class ContextMatcher:
+    """context_hints(tokens, slots) for a sequence that grows between calls (a reply being
+    decoded), from the n-grams of the new tokens only: match_table's lookups kept across calls,
+    where context_hints compares against the whole context every cycle (86 µs at 300 tokens on
+    a 2-core Zen 4, a twentieth of a draft pass). Make one per sequence; one shorter than the
+    last call's, or differing at its last token, starts over as a new sequence."""
+
+    def __init__(self):
+        self._ids: list[int] = []
+        self._last_end = _ngram_ends()
+        self._follow = NO_HINT  # match_table(self._ids)[-1]
+
+    def hints(self, tokens: Tensor, slots: int) -> Tensor:
+        """[slots] hints of the block anchored at the last of `tokens` [tokens]."""
+        seen = len(self._ids)
+        if tokens.shape[0] < seen or (seen and int(tokens[seen - 1]) != self._ids[-1]):
+            self._ids, self._last_end, seen = [], _ngram_ends(), 0
+        for token in tokens[seen:].tolist():
+            self._ids.append(token)
+            self._follow = _follow(self._ids, len(self._ids) - 1, self._last_end)
+        start = self._follow
+        if start == NO_HINT or not self._ids:
+            return tokens.new_full((slots,), NO_HINT)
+        period = len(self._ids) - start
+        hints = [self._ids[start + k % period] for k in range(slots)]
+        return torch.tensor(hints, dtype=tokens.dtype, device=tokens.device)
+
+
 def add_copy_bonus(logits: Tensor, bonus: Tensor, hint_columns: Tensor) -> Tensor:
-    """`logits` [..., slots, vocab'] with `bonus` [..., slots] added at each slot's hint column
-    `hint_columns` [..., slots] (a negative column: no hint, the slot is unchanged)."""
-    added = (bonus * (hint_columns >= 0)).to(logits.dtype)[..., None]
-    return logits.scatter_add(-1, hint_columns.clamp(min=0)[..., None], added)
+    """`logits` [..., slots, vocab'] in fp32 with `bonus` [..., slots] added at each slot's hint
+    column `hint_columns` [..., slots] (a negative column: no hint, the slot is unchanged); the
+    input is left as it was."""
+    out = logits.to(torch.float32, copy=True)  # one copy, added into in place
+    added = (bonus * (hint_columns >= 0)).to(out.dtype)[..., None]
+    return out.scatter_add_(-1, hint_columns.clamp(min=0)[..., None], added)

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from dcoco.errors import DcocoError
 from dcoco.models.copy_hints import NO_HINT
+from dcoco.models.int4_groups import int4_linear
 from dcoco.models.packed_linear import PackedLinear, onednn_available
 
 # beside the checkpoints, in checkpoints/<target>/ (a ranking is not a checkpoint)
@@ -116,14 +117,12 @@ class DraftVocab:
 
     Not an nn.Module on purpose: a drafter holding one keeps it out of its state_dict."""
 
-    def __init__(self, head: nn.Module, token_ids: Tensor, vocab_size: int, dtype: torch.dtype):
+    def __init__(self, head: nn.Module, token_ids: Tensor, vocab_size: int, dtype: torch.dtype,
+                 int4: bool = False):  # fmt: skip
+        """`int4`: the rows as int4 groups (dcoco.models.int4_groups, `--draft-dtype int4`)."""
         self.token_ids = token_ids.sort().values  # [N]: columns keep the vocab's order
         rows = head_rows(head, self.token_ids, _in_features(head), dtype).to(dtype)
-        linear = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device="meta", dtype=dtype)
-        linear = linear.to_empty(device=rows.device).requires_grad_(False)
-        linear.weight.copy_(rows)
-        cpu = rows.device.type == "cpu"
-        self.head = PackedLinear(linear) if cpu and onednn_available(dtype) else linear
+        self.head = int4_linear(rows) if int4 else _dense_head(rows)
         self.dtype = dtype
         column_of = torch.full((vocab_size,), NO_HINT, dtype=torch.long, device=rows.device)
         column_of[self.token_ids] = torch.arange(len(self.token_ids), device=rows.device)
@@ -136,11 +135,20 @@ class DraftVocab:
     def logits(self, hidden: Tensor) -> Tensor:
         """[..., hidden] -> [..., N] over the vocabulary's columns."""
         rows = hidden.reshape(-1, hidden.shape[-1]).to(self.dtype).contiguous()
-        return self.head(rows).reshape(*hidden.shape[:-1], -1)
+        return self.head(rows).to(self.dtype).reshape(*hidden.shape[:-1], -1)
 
     def columns(self, token_ids: Tensor | None) -> Tensor | None:
         """Token ids (NO_HINT allowed) -> columns; NO_HINT for ids outside the vocabulary."""
         return None if token_ids is None else hint_columns(token_ids, self._column_of)
+
+
+def _dense_head(rows: Tensor) -> nn.Module:
+    """The head rows [N, hidden] as a linear layer, prepacked for oneDNN where the CPU takes it."""
+    linear = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device="meta", dtype=rows.dtype)
+    linear = linear.to_empty(device=rows.device).requires_grad_(False)
+    linear.weight.copy_(rows)
+    cpu = rows.device.type == "cpu"
+    return PackedLinear(linear) if cpu and onednn_available(rows.dtype) else linear
 
 
 def hint_columns(token_ids: Tensor, column_of: Tensor) -> Tensor:

@@ -24,6 +24,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, rot
 
 from dcoco.models.cache import cache_length, crop_cache, new_cache
 from dcoco.models.copy_hints import add_copy_bonus
+from dcoco.models.draft_pass import DraftPass
 from dcoco.models.draft_vocab import DraftVocab
 from dcoco.models.drafter_config import DrafterConfig, check_self_consistent
 
@@ -132,6 +133,10 @@ class BlockDrafter(nn.Module):
             self.add_copy_gate()
         # decoding's head over a subset of rows (dcoco.models.draft_vocab); None: every row
         self.draft_vocab: DraftVocab | None = None
+        # decoding's pass (dcoco.models.draft_pass), in a tuple so that it is never registered
+        self._fast: tuple[DraftPass, ...] = ()
+        # True: a draft runs the anchor and the slots it drafts, not the whole block (see draft)
+        self.drafted_rows_only = False
 
     def add_copy_gate(self) -> None:
         """Give the drafter a copy gate (dcoco.models.copy_hints), zero-initialised so that its
@@ -163,8 +168,10 @@ class BlockDrafter(nn.Module):
         slots] (columns of `logits`; negative = no hint); unchanged without a gate or hints."""
         if self.copy_gate is None or hint_columns is None:
             return logits
-        bonus = self.copy_gate(hidden.to(self.dtype)).squeeze(-1).float()  # [batch, slots]
-        return add_copy_bonus(logits.float(), bonus, hint_columns)
+        rows = hidden.reshape(-1, hidden.shape[-1]).to(self.dtype)
+        gate = self.copy_gate  # one output: a matrix-vector product (addmm costs 3x on a CPU)
+        bonus = torch.addmv(gate.bias, rows, gate.weight[0]).view(hidden.shape[:-1])
+        return add_copy_bonus(logits, bonus.float(), hint_columns)  # bonus: [batch, slots]
 
     def block_ids(self, anchor: Tensor, hint_ids: Tensor | None = None) -> Tensor:
         """[batch] anchor ids -> [batch, block] ids `[anchor, MASK, ..., MASK]`, with the copy
@@ -231,24 +238,24 @@ class BlockDrafter(nn.Module):
         vocabulary's N columns where one is set: token_ids() maps them) and hidden states
         [batch, slots, hidden] for the mask slots (positions s + 1 .. s + block_size - 1).
 
-        The cache ends holding context K/V for positions 0 .. s - 1 and never the block's.
+        The cache ends holding context K/V for positions 0 .. s - 1 and never the block's. With
+        `drafted_rows_only` the block is the anchor and the `num_slots` masks only, as vLLM runs
+        DFlash when it drafts fewer tokens than the block holds (the masks after the last drafted
+        slot would be computed and dropped).
         """
-        batch, num_new = new_features.shape[:2]
-        start = cache_length(cache)
-        anchor_pos = start + num_new
-        device = anchor.device
-        context_positions = torch.arange(start, anchor_pos, device=device).expand(batch, -1)
-        block_positions = torch.arange(
-            anchor_pos, anchor_pos + self.config.block_size, device=device
-        ).expand(batch, -1)
-        block_embeds = self.embed(self.block_ids(anchor, hint_ids))
-        hidden = self.forward(
-            block_embeds, new_features, context_positions, block_positions, cache=cache
-        )
+        rows = self.config.block_size
+        if self.drafted_rows_only and num_slots:
+            rows = min(rows, 1 + num_slots)
+        block_embeds = self.embed(self.block_ids(anchor, hint_ids)[:, :rows])
+        anchor_pos = cache_length(cache) + new_features.shape[1]
+        if self._fast and anchor.shape[0] == 1:
+            hidden = self._fast[0](block_embeds[0], new_features[0], cache)[None]
+        else:
+            hidden = self._slot_states(block_embeds, new_features, cache)
         crop_cache(cache, anchor_pos)
-        # [batch, slots, hidden]: slot 0 is the anchor itself. The 49k-row head is the largest
-        # cost of a draft, so it runs on the slots the caller will propose only.
-        hidden = hidden[:, 1 : 1 + num_slots if num_slots else None]
+        # [batch, slots, hidden]. The 49k-row head is the largest cost of a draft, so it runs on
+        # the slots the caller will propose only.
+        hidden = hidden[:, :num_slots] if num_slots else hidden
         slot_hints = None if hint_ids is None else hint_ids[:, : hidden.shape[1]]
         vocab = self.draft_vocab
         if vocab is None:
@@ -256,14 +263,35 @@ class BlockDrafter(nn.Module):
         logits = vocab.logits(hidden)  # [batch, slots, N]: columns, see token_ids()
         return self.copy_logits(logits, hidden, vocab.columns(slot_hints)).float(), hidden
 
-    def use_draft_vocab(self, token_ids: Tensor | None) -> None:
-        """Draft over the LM head's rows of `token_ids` only (None: every row) from now on."""
+    def _slot_states(self, block_embeds: Tensor, new_features: Tensor, cache) -> Tensor:
+        """The module's forward over the block after the new taps: the mask slots' final hidden
+        states [batch, rows - 1, hidden] (the anchor's row is dropped)."""
+        batch, num_new = new_features.shape[:2]
+        start = cache_length(cache)
+        positions = torch.arange(start, start + num_new + block_embeds.shape[1],
+                                 device=block_embeds.device).expand(batch, -1)  # fmt: skip
+        context_positions, block_positions = positions[:, :num_new], positions[:, num_new:]
+        hidden = self.forward(
+            block_embeds, new_features, context_positions, block_positions, cache=cache
+        )
+        return hidden[:, 1:]
+
+    def use_draft_pass(self, draft_pass: DraftPass | None) -> None:
+        """Draft single sequences through `draft_pass` (built from this drafter's weights) from now
+        on; None: through the module's forward."""
+        self._fast = () if draft_pass is None else (draft_pass,)
+
+    def use_draft_vocab(self, token_ids: Tensor | None, int4: bool = False) -> None:
+        """Draft over the LM head's rows of `token_ids` only (None: every row) from now on, as
+        int4 groups with `int4` (dcoco.models.int4_groups)."""
         if token_ids is None:
             self.draft_vocab = None
             return
         head, device = self._shared[1], self.norm.weight.device
         vocab_size = self.config.vocab_size
-        self.draft_vocab = DraftVocab(head, token_ids.to(device), vocab_size, self._head_dtype)
+        self.draft_vocab = DraftVocab(
+            head, token_ids.to(device), vocab_size, self._head_dtype, int4
+        )
 
     def token_ids(self, columns: Tensor) -> Tensor:
         """Columns of `draft()`'s logits -> token ids (the same unless a draft vocab is set)."""

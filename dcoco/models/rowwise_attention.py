@@ -16,6 +16,11 @@ AVX2-only Zen 3; 175-300 / 540-990 µs against 58-98 / 131-238 µs on a Zen 4 EP
 bf16 (a gguf 8-token verify there 72.7 → 41.1 ms, interleaved), while on an AMX Xeon SDPA's bf16
 call took about 27 µs. Verify rows and steps take the same path, so rows stay equal to steps.
 
+Where the rows compute in fp32, the cache keeps the K/V in fp32 too (kv_storage_dtype): each new
+position is upcast once when it is written, where the one-query call upcast the whole cache in
+every layer of every step (1.5 of a 13.4 ms gguf step at 300 positions, Zen 4 EPYC, under the
+profiler). The values are the half-precision ones exactly, so nothing computed changes.
+
 Measured cost: see `dcoco profile` (the `rowwise` rows) and the README's precision section.
 """
 
@@ -45,6 +50,7 @@ def rowwise_attention_forward(
     batch, _, queries, _ = query.shape
     past = key.shape[2] - queries
     if batch != 1 or past == 0 or queries > MAX_ROWWISE_QUERIES:
+        key, value = key.to(query.dtype), value.to(query.dtype)  # an fp32 cache's exact values
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     # One sequence without padding: its causal prefix is its whole mask, so every row (the step's
     # single row included) runs unmasked over exactly the keys it may see.
@@ -76,6 +82,7 @@ def one_query(
     [1, kv_heads, keys, head_dim], unmasked (its causal prefix is what it is given); `fp32`: as
     one fp32 product rather than SDPA (None: fp32_math_pays decides)."""
     if not (fp32_math_pays(query, kwargs) if fp32 is None else fp32):
+        key, value = key.to(query.dtype), value.to(query.dtype)
         return sdpa_attention_forward(module, query, key, value, None, is_causal=False, **kwargs)[0]
     # SDPA's fp32 kernel: one call, where q Kᵀ, softmax and P V as three ops took 1.5x its time
     # (Zen 4, 300 keys: small fp32 matmuls pay their dispatch)
@@ -95,6 +102,15 @@ def fp32_math_pays(query: Tensor, kwargs: dict) -> bool:
     if extra or kwargs.get("dropout") or kwargs.get("scaling") is None:
         return False
     return not amx_bf16()
+
+
+def kv_storage_dtype(attention: str, dtype: torch.dtype, device: torch.device):
+    """fp32 for the K/V cache of a half-precision model under `rowwise` on a CPU without AMX,
+    where every row computes in fp32; else None (the K/V's own dtype)."""
+    half = dtype in (torch.bfloat16, torch.float16)
+    if attention != ROWWISE or not half or device.type != "cpu":
+        return None
+    return None if amx_bf16() else torch.float32
 
 
 def hf_attention(kernel: str) -> str:

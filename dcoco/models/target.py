@@ -20,6 +20,7 @@ from dcoco.models.cache import new_cache
 from dcoco.models.head_precision import Fp32Head
 from dcoco.models.layer_loop import layer_loop_for
 from dcoco.models.precision import LOAD_DTYPES
+from dcoco.models.rowwise_attention import kv_storage_dtype
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,9 @@ class TargetModel:
         return "fp32" if isinstance(self.lm_head, Fp32Head) else "target"
 
     def new_cache(self) -> DynamicCache:
-        return new_cache(self.config)
+        attention = str(getattr(self.config, "_attn_implementation", ""))
+        storage = kv_storage_dtype(attention, self.dtype, self.device)
+        return new_cache(self.config, storage)
 
     @torch.inference_mode()
     def forward(

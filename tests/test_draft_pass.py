@@ -1,0 +1,149 @@
+"""The drafter's decoding pass (dcoco.models.draft_pass): the module's arithmetic bit for bit, a
+block cut to the drafted slots (`--draft-block drafted`) and int4 products
+(`--draft-dtype int4`, dcoco.models.int4_groups); decoding with either stays plain's."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import make_tiny_target
+
+from dcoco.decode.draft_precision import check_draft_block, int4_drafter
+from dcoco.decode.engine import Engine
+from dcoco.decode.methods import MethodOptions, build_proposer
+from dcoco.errors import DcocoError
+from dcoco.models.draft_pass import DraftPass
+from dcoco.models.drafter import BlockDrafter
+from dcoco.models.drafter_config import DrafterConfig
+from dcoco.models.drafter_io import save_drafter
+from dcoco.models.gguf_weights import GROUP, dequantise
+from dcoco.models.int4_groups import int4_linear, quantise_int4
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+TAPS = (0, 1, 3)
+
+
+def make_drafter(target, block: int = 6) -> BlockDrafter:
+    config = DrafterConfig.for_target(target, block_size=block, mask_token_id=3,
+                                      target_layer_ids=TAPS)  # fmt: skip
+    torch.manual_seed(0)
+    drafter = BlockDrafter(config, target.embed_tokens, target.lm_head)
+    drafter.add_copy_gate()
+    with torch.no_grad():  # norms away from 1 and a live copy gate, so a misplaced one shows
+        for name, param in drafter.named_parameters():
+            if "norm" in name:
+                param.uniform_(0.5, 1.5)
+        drafter.copy_gate.weight.normal_()
+    return drafter.eval().to(target.dtype)
+
+
+def cycles(drafter, features, slots: int):
+    """Three draft cycles over one cache (a prefill, then 3 and 2 new taps): each cycle's logits
+    and hidden states, and the cache's keys and values after each."""
+    cache, out = drafter.new_cache(), []
+    for start, stop in ((0, 12), (12, 15), (15, 17)):
+        anchor = torch.tensor([5 + stop])
+        hints = torch.tensor([[7, -1, 9, -1, 11]])
+        logits, hidden = drafter.draft(anchor, features[:, start:stop], cache, slots, hints)
+        kv = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+        out.append((logits, hidden, kv))
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("drafted", [False, True])
+def test_the_pass_is_the_modules_arithmetic(dtype, drafted):
+    target = make_tiny_target("llama")
+    target.model.to(dtype)
+    drafter = make_drafter(target)
+    drafter.drafted_rows_only = drafted
+    features = torch.randn(1, 17, 3 * 64, generator=torch.Generator().manual_seed(2)).to(dtype)
+    module = cycles(drafter, features, slots=3)
+    drafter.use_draft_pass(DraftPass(drafter))
+    fast = cycles(drafter, features, slots=3)
+    # the last layer runs the slots' rows only: products over fewer rows may round differently
+    close = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=0.05, rtol=0.02)
+    for (logits, hidden, kv), (fast_logits, fast_hidden, fast_kv) in zip(module, fast):
+        assert torch.allclose(logits, fast_logits, **close)
+        assert torch.allclose(hidden.float(), fast_hidden.float(), **close)
+        for (keys, values), (fast_keys, fast_values) in zip(kv, fast_kv, strict=True):
+            assert torch.equal(keys, fast_keys) and torch.equal(values, fast_values)
+    assert [kv[0][0].shape[-2] for *_, kv in fast] == [12, 15, 17]  # the block's cropped out
+
+
+def test_a_drafted_block_is_the_anchor_and_the_drafted_masks():
+    target = make_tiny_target("llama")
+    drafter = make_drafter(target)
+    features = torch.randn(1, 9, 3 * 64, generator=torch.Generator().manual_seed(3))
+    anchor = torch.tensor([40])
+    full, _ = drafter.draft(anchor, features, drafter.new_cache(), num_slots=2)
+    drafter.drafted_rows_only = True
+    cut, _ = drafter.draft(anchor, features, drafter.new_cache(), num_slots=2)
+    # what a drafter trained on blocks of 3 would compute: [anchor, MASK, MASK] after the context
+    positions = torch.arange(9)[None]
+    with torch.no_grad():
+        hidden = drafter(drafter.embed(torch.tensor([[40, 3, 3]])), features, positions,
+                         torch.arange(9, 12)[None])  # fmt: skip
+    assert torch.equal(cut, drafter.logits(hidden[:, 1:]).float())
+    assert not torch.equal(cut, full)  # the later masks are seen by the full block's slots
+
+
+def test_int4_groups_round_to_the_nearest_code():
+    weight = torch.randn(48, 96, generator=torch.Generator().manual_seed(4))
+    weight[0, :GROUP] = 0.25  # a constant group
+    codes, scale, zero = quantise_int4(weight)
+    assert codes.dtype == torch.int32 and int(codes.min()) >= 0 and int(codes.max()) <= 15
+    error = (dequantise(codes, scale, zero) - weight).abs()
+    assert torch.all(error <= scale.repeat_interleave(GROUP, 1) / 2 + 1e-6)
+    assert torch.all(error[0, :GROUP] == 0)
+    x = torch.randn(3, 96).bfloat16()
+    expected = F.linear(x.float(), dequantise(codes, scale, zero))
+    assert torch.allclose(int4_linear(weight)(x).float(), expected, atol=0.05, rtol=0.02)
+
+
+def test_an_int4_pass_drafts_close_to_the_dense_one():
+    target = make_tiny_target("llama")
+    target.model.to(torch.bfloat16)
+    drafter = make_drafter(target)
+    features = torch.randn(1, 17, 3 * 64, generator=torch.Generator().manual_seed(2)).bfloat16()
+    drafter.use_draft_pass(DraftPass(drafter))
+    dense = cycles(drafter, features, slots=4)
+    drafter.use_draft_pass(DraftPass(drafter, int4_linear))
+    int4 = cycles(drafter, features, slots=4)
+    for (_, hidden, _), (_, int4_hidden, _) in zip(dense, int4):
+        cosine = F.cosine_similarity(hidden.float(), int4_hidden.float(), dim=-1)
+        assert torch.all(cosine > 0.95)
+
+
+@pytest.fixture
+def drafter_dir(tmp_path):
+    target = make_tiny_target("llama")
+    target.model.to(torch.bfloat16)
+    drafter = make_drafter(target, block=5)
+    return save_drafter(tmp_path / "drafter", drafter, target.info, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("method", ["dflash", "pld-dflash"])
+def test_greedy_output_with_an_int4_drafted_block_is_plain_decodings(drafter_dir, method):
+    target = make_tiny_target("llama")
+    target.model.to(torch.bfloat16)
+    options = MethodOptions(draft_dtype="int4", draft_block="drafted", num_draft_tokens=3)
+    proposer = build_proposer(f"{method}@{drafter_dir}", target, options)
+    drafter = getattr(proposer, "proposer", proposer).drafter
+    assert drafter.drafted_rows_only and drafter._fast
+    for seed in range(2):
+        prompt = torch.randint(5, 128, (10,), generator=torch.Generator().manual_seed(seed))
+        plain = Engine(target).generate(prompt.tolist(), 24).new_ids
+        assert Engine(target, proposer).generate(prompt.tolist(), 24).new_ids == plain
+
+
+def test_bad_settings_fail_clearly():
+    with pytest.raises(DcocoError, match="unknown draft block 'half'"):
+        check_draft_block("half")
+    gpu = types.SimpleNamespace(device=torch.device("cuda"))
+    with pytest.raises(DcocoError, match="int4 runs on the CPU"):
+        int4_drafter("int4", gpu)
+    assert not int4_drafter("target", gpu)
