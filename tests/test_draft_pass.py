@@ -66,7 +66,7 @@ def test_the_pass_is_the_modules_arithmetic(dtype, drafted):
     fast = cycles(drafter, features, slots=3)
     # the last layer runs the slots' rows only: products over fewer rows may round differently
     close = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=0.05, rtol=0.02)
-    for (logits, hidden, kv), (fast_logits, fast_hidden, fast_kv) in zip(module, fast):
+    for (logits, hidden, kv), (fast_logits, fast_hidden, fast_kv) in zip(module, fast, strict=True):
         assert torch.allclose(logits, fast_logits, **close)
         assert torch.allclose(hidden.float(), fast_hidden.float(), **close)
         for (keys, values), (fast_keys, fast_values) in zip(kv, fast_kv, strict=True):
@@ -113,7 +113,7 @@ def test_an_int4_pass_drafts_close_to_the_dense_one():
     dense = cycles(drafter, features, slots=4)
     drafter.use_draft_pass(DraftPass(drafter, int4_linear))
     int4 = cycles(drafter, features, slots=4)
-    for (_, hidden, _), (_, int4_hidden, _) in zip(dense, int4):
+    for (_, hidden, _), (_, int4_hidden, _) in zip(dense, int4, strict=True):
         cosine = F.cosine_similarity(hidden.float(), int4_hidden.float(), dim=-1)
         assert torch.all(cosine > 0.95)
 

@@ -83,7 +83,9 @@ class DraftPass(nn.Module):
         self.inv_freq = 1.0 / config.rope_theta ** (half / config.head_dim)  # [head_dim / 2]
 
     def _product(self, layer: nn.Module, rows: Tensor) -> Tensor:
-        return layer(rows).to(rows.dtype)  # int4 layers answer in bf16 whatever they are given
+        # its forward, not __call__: no hooks are ever set on these, and a pass makes ten calls;
+        # int4 layers answer in bf16 whatever they are given
+        return layer.forward(rows).to(rows.dtype)
 
     def _rotary(self, start: int, stop: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos and the signed sin [positions, 1, head_dim] for positions start..stop-1, as the

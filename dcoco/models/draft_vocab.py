@@ -135,7 +135,7 @@ class DraftVocab:
     def logits(self, hidden: Tensor) -> Tensor:
         """[..., hidden] -> [..., N] over the vocabulary's columns."""
         rows = hidden.reshape(-1, hidden.shape[-1]).to(self.dtype).contiguous()
-        return self.head(rows).to(self.dtype).reshape(*hidden.shape[:-1], -1)
+        return self.head.forward(rows).to(self.dtype).reshape(*hidden.shape[:-1], -1)
 
     def columns(self, token_ids: Tensor | None) -> Tensor | None:
         """Token ids (NO_HINT allowed) -> columns; NO_HINT for ids outside the vocabulary."""
