@@ -4,6 +4,7 @@ block cut to the drafted slots (`--draft-block drafted`) and int4 products
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from conftest import make_tiny_target
 
+import dcoco.decode.draft_precision as draft_precision
 from dcoco.decode.draft_precision import check_draft_block, int4_drafter
 from dcoco.decode.engine import Engine
 from dcoco.decode.methods import MethodOptions, build_proposer
@@ -140,10 +142,21 @@ def test_greedy_output_with_an_int4_drafted_block_is_plain_decodings(drafter_dir
         assert Engine(target, proposer).generate(prompt.tolist(), 24).new_ids == plain
 
 
-def test_bad_settings_fail_clearly():
+def test_bad_settings_fail_clearly(monkeypatch):
     with pytest.raises(DcocoError, match="unknown draft block 'half'"):
         check_draft_block("half")
-    gpu = types.SimpleNamespace(device=torch.device("cuda"))
+    target = make_tiny_target("llama")
+    target.model.to(torch.bfloat16)
+    config = make_drafter(target).config
+    gpu = types.SimpleNamespace(device=torch.device("cuda"), dtype=torch.bfloat16)
     with pytest.raises(DcocoError, match="int4 runs on the CPU"):
-        int4_drafter("int4", gpu)
-    assert not int4_drafter("target", gpu)
+        int4_drafter("int4", gpu, config)
+    assert not int4_drafter("target", gpu, config)
+    # widths the int4 kernel does not pack: auto falls back, int4 says why
+    monkeypatch.setattr(draft_precision, "native_bf16", lambda: True)
+    monkeypatch.setattr(draft_precision, "amx_bf16", lambda: False)
+    assert int4_drafter("auto", target, config)
+    odd = dataclasses.replace(config, intermediate_size=120)
+    assert not int4_drafter("auto", target, odd)
+    with pytest.raises(DcocoError, match="divisible by 32"):
+        int4_drafter("int4", target, odd)

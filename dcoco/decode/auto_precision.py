@@ -39,6 +39,9 @@ from dcoco.models.head_precision import check_head_dtype, fp32_head_pays
 from dcoco.models.loading import default_device, gguf_file, load_target
 from dcoco.paths import cache_dir
 
+# Bumped when the drafter's pass changes what a draft costs, so that choices cached before it are
+# made again (2: dcoco.models.draft_pass, int4 drafters, drafted blocks).
+DRAFT_PASS = 2
 CANDIDATES = ("bf16", "gguf", "fp32")  # CPU precisions auto compares, where the target has them
 
 
@@ -182,11 +185,6 @@ def _settings(config) -> dict[str, tuple[str, str]]:
         for head in heads if config.head_dtype == "auto" else [config.head_dtype]:
             settings[setting_label(dtype, head)] = (dtype, head)
     return settings
-
-
-# Bumped when the drafter's pass changes what a draft costs, so that choices cached before it are
-# made again (2: dcoco.models.draft_pass, int4 drafters, drafted blocks).
-DRAFT_PASS = 2
 
 
 def _plain(head_dtype: str) -> str:

@@ -8,13 +8,14 @@ with oneDNN's prepacked weights (`dcoco profile`, 1-7 slots, Zen 3, 2 cores), be
 step. So `auto` runs the drafter, its draft head and a private fp32 copy of the LM head (113 MB
 for SmolLM2) in fp32 there.
 
-On a CPU with native bf16 but no AMX (AVX-512 bf16: AMD Zen 4) the pass streams its weights
-faster as int4 groups (dcoco.models.int4_groups) on the CPU's int4 kernel: 2-core EPYC, SmolLM2's
-drafter, `dcoco profile`, 3 drafts: 3.0 ms bf16, 2.0 ms int4, with `--draft-block drafted`. So
-`auto` is int4 there. Elsewhere (AMX, where bf16 products run on tiles; CUDA) it is the target's
-dtype. Drafts are proposals: the target still verifies every token, so the output is the same;
-only which tokens get proposed may change, as between any two precisions (τ at 4 and 7 drafts
-moved by 0.01-0.02 between bf16 and int4, docs/results.md).
+On a CPU with native bf16 but no AMX (AVX-512 bf16: AMD Zen 4) the pass streams its weights faster
+as int4 groups (dcoco.models.int4_groups) on the CPU's int4 kernel: 2-core EPYC, SmolLM2's drafter,
+3 drafts over the drafted slots, 3.1 ms in bf16 against 2.1 ms in int4
+(scripts/reproduce/draft_pass_cost.py). So `auto` is int4 there, for drafters whose layers the
+kernel takes (every input width a multiple of 32). Elsewhere (AMX, where bf16 products run on
+tiles; CUDA) it is the target's dtype. Drafts are proposals: the target still verifies every token,
+so the output is the same; only which tokens get proposed may change, as between any two precisions
+(τ at 4 and 7 drafts moved by 0.01-0.02 between bf16 and int4, docs/results.md).
 
 `--draft-block drafted` (the default) runs the anchor and the slots this cycle drafts, not the
 whole block, as vLLM runs DFlash when it drafts fewer tokens than the block holds; the slots see
@@ -29,7 +30,9 @@ from torch import nn
 from dcoco.errors import DcocoError
 from dcoco.models.draft_pass import DraftPass, dense_product
 from dcoco.models.drafter import BlockDrafter
+from dcoco.models.drafter_config import DrafterConfig
 from dcoco.models.drafter_io import load_drafter
+from dcoco.models.gguf_weights import GROUP
 from dcoco.models.head_precision import Fp32Head, head_copy
 from dcoco.models.int4_groups import int4_linear
 from dcoco.models.packed_linear import amx_bf16, native_bf16, onednn_available, pack_linears
@@ -94,14 +97,21 @@ def load_proposer_drafter(path, target: TargetModel, name: str) -> BlockDrafter:
     return load_drafter(path, target, dtype, head_copy(target.lm_head, dtype))
 
 
-def int4_drafter(name: str, target: TargetModel) -> bool:
-    """Whether the setting `name` runs the drafter's products and draft head as int4 groups
-    (dcoco.models.int4_groups): the CPU kernel's, so CPU targets only."""
+def int4_drafter(name: str, target: TargetModel, config: DrafterConfig) -> bool:
+    """Whether the setting `name` runs the drafter (of `config`) with its products and draft head
+    as int4 groups (dcoco.models.int4_groups): the CPU kernel's, so CPU targets only, and widths
+    it packs (`auto` falls back to the target's dtype for others; `int4` fails clearly)."""
     if draft_setting(name, target) != "int4":
         return False
     if target.device.type != "cpu":
         raise DcocoError("--draft-dtype int4 runs on the CPU's int4 kernel: use it on a CPU")
-    return True
+    widths = (config.hidden_size, config.intermediate_size, config.num_taps * config.hidden_size)
+    if all(width % GROUP == 0 for width in widths):
+        return True
+    if name == "auto":
+        return False
+    raise DcocoError(f"--draft-dtype int4 needs the drafter's input widths {widths} divisible by "
+                     f"{GROUP}; use --draft-dtype target")  # fmt: skip
 
 
 def pack_drafter(drafter: BlockDrafter, target: TargetModel, int4: bool = False) -> BlockDrafter:

@@ -191,7 +191,7 @@ def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> 
     from dcoco.models.head_io import load_head
 
     drafter = load_proposer_drafter(path, target, options.draft_dtype)
-    int4 = int4_drafter(options.draft_dtype, target)
+    int4 = int4_drafter(options.draft_dtype, target, drafter.config)
     drafter.drafted_rows_only = check_draft_block(options.draft_block) == "drafted"
     num_draft_tokens = options.num_draft_tokens or None
     prior = stored_slot_accuracy(path)

@@ -8,8 +8,8 @@ its own four operators, q's and k's per-head norms as one, and the rotation of q
 roll against a signed sine table made once a pass; the last layer runs the mask slots' rows only
 (the anchor's output there is never read). With the same weights its keys and values are
 bit-equal to the module's, and its hidden states equal up to the rounding of products over fewer
-rows (tests/test_draft_pass.py). 2-core AMD EPYC (Zen 4), bf16, a block of 8 over 300 cached
-positions: 3.6 -> 2.9 ms (interleaved, one-off timing).
+rows (tests/test_draft_pass.py). 2-core AMD EPYC (Zen 4), bf16, a block of 8 after 300 tokens:
+4.6 -> 3.5 ms a draft of 3 (scripts/reproduce/draft_pass_cost.py).
 
 The products are plain linear layers in the drafter's dtype (decoding packs them where the
 target's are packed), or int4 groups (`--draft-dtype int4`, dcoco.models.int4_groups). Batches of
