@@ -145,6 +145,15 @@ def interleaved_ms(calls: list[Callable[[], object]], repeats: int, warmup: int 
     return [statistics.median(samples) * 1000 for samples in times]
 
 
+def ms_table(corner: str, columns: list[str], rows: dict[str, list[float]]) -> str:
+    """A markdown table of ms (the timing scripts in scripts/reproduce print these): `corner`
+    heads the names' column, `columns` the others, one row per name."""
+    lines = [f"| {corner} | " + " | ".join(columns) + " |", "|---|" + "--:|" * len(columns)]
+    lines += [f"| {name} | " + " | ".join(f"{ms:.2f}" for ms in cells) + " |"
+              for name, cells in rows.items()]  # fmt: skip
+    return "\n".join(lines)
+
+
 def forward_curve(target: TargetModel, max_tokens: int = 16, refresh: bool = False) -> CostCurve:
     """The cached curve for this machine and setting, measured (a few seconds) when missing."""
     return forward_curves([target], max_tokens, refresh)[0]

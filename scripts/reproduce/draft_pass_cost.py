@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from dcoco.decode.cost_curve import CONTEXT, interleaved_ms, machine_fingerprint
+from dcoco.decode.cost_curve import CONTEXT, interleaved_ms, machine_fingerprint, ms_table
 from dcoco.decode.methods import MethodOptions, build_proposer
 from dcoco.decode.proposers import DraftContext
 from dcoco.models.cache import crop_cache
@@ -68,10 +68,7 @@ def main(dtype: str, method: str) -> None:
         calls = [cycle(proposer, slots) for proposer in proposers.values()]
         for name, ms in zip(proposers, interleaved_ms(calls, REPEATS, 3), strict=True):
             table.setdefault(name, []).append(ms)
-    print("| --draft-dtype, --draft-block | " + " | ".join(f"{s}" for s in SLOTS) + " |")
-    print("|---|" + "--:|" * len(SLOTS))
-    for name, cells in table.items():
-        print(f"| {name} | " + " | ".join(f"{ms:.2f}" for ms in cells) + " |")
+    print(ms_table("--draft-dtype, --draft-block", [f"k = {k}" for k in SLOTS], table))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from dcoco.decode.cost_curve import interleaved_ms, machine_fingerprint
+from dcoco.decode.cost_curve import interleaved_ms, machine_fingerprint, ms_table
 
 VOCAB, HIDDEN, GROUP, REPEATS = 49152, 576, 32, 15
 
@@ -55,10 +55,7 @@ def main(row_counts: list[int]) -> None:
         calls = kernels(weight, rows)
         for name, ms in zip(calls, interleaved_ms(list(calls.values()), REPEATS, 3), strict=True):
             table.setdefault(name, []).append(ms)
-    print("| kernel | " + " | ".join(f"{r} rows" for r in row_counts) + " |")
-    print("|---|" + "--:|" * len(row_counts))
-    for name, cells in table.items():
-        print(f"| {name} | " + " | ".join(f"{ms:.2f}" for ms in cells) + " |")
+    print(ms_table("kernel", [f"{rows} rows" for rows in row_counts], table))
 
 
 if __name__ == "__main__":
