@@ -32,7 +32,7 @@ from dcoco.models.draft_pass import DraftPass, dense_product
 from dcoco.models.drafter import BlockDrafter
 from dcoco.models.drafter_config import DrafterConfig
 from dcoco.models.drafter_io import load_drafter
-from dcoco.models.gguf_weights import GROUP
+from dcoco.models.gguf_weights import GROUP, int4_packable
 from dcoco.models.head_precision import Fp32Head, head_copy
 from dcoco.models.int4_groups import int4_linear
 from dcoco.models.packed_linear import amx_bf16, native_bf16, onednn_available, pack_linears
@@ -106,7 +106,7 @@ def int4_drafter(name: str, target: TargetModel, config: DrafterConfig) -> bool:
     if target.device.type != "cpu":
         raise DcocoError("--draft-dtype int4 runs on the CPU's int4 kernel: use it on a CPU")
     widths = (config.hidden_size, config.intermediate_size, config.num_taps * config.hidden_size)
-    if all(width % GROUP == 0 for width in widths):
+    if all(int4_packable(width) for width in widths):
         return True
     if name == "auto":
         return False

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from transformers import DynamicCache
 
 from dcoco.models.cache import cache_length
+from dcoco.models.layer_loop import rms_norm
 
 Product = Callable[[Tensor], nn.Module]  # a weight [out, in] -> the layer computing x Wᵀ
 
@@ -59,12 +60,6 @@ class _DraftLayer(nn.Module):
         k_norm = attn.k_norm.weight.detach().expand(self.k_heads, -1)
         self.qk_norm = torch.cat([q_norm, k_norm])
         self.eps = layer.input_layernorm.variance_epsilon
-
-
-def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """Qwen3RMSNorm's arithmetic, in its order: normalised in fp32 (F.rms_norm: one call for
-    the module's six), rounded, times the weight."""
-    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
 class DraftPass(nn.Module):

@@ -63,7 +63,7 @@ class Int4GroupLinear(nn.Module):
     def __init__(self, codes: Tensor, scale: Tensor, zero: Tensor, bias: Tensor | None = None):
         super().__init__()
         self.out_features, self.in_features = codes.shape  # codes: [out, in]
-        if self.in_features % (16 * INNER_K_TILES) or self.in_features % GROUP:
+        if not int4_packable(self.in_features):
             raise DcocoError(f"int4 packing needs in_features divisible by 32 ({codes.shape})")
         packed = torch._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), INNER_K_TILES)
         self.register_buffer("weight_int4", packed)
@@ -83,6 +83,11 @@ class Int4GroupLinear(nn.Module):
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def int4_packable(in_features: int) -> bool:
+    """Whether the kernel packs a layer of this input width (whole tiles and groups)."""
+    return in_features % (16 * INNER_K_TILES) == 0 and in_features % GROUP == 0
 
 
 def _prefill_linear(codes: Tensor, scales_and_zeros: Tensor) -> nn.Linear:

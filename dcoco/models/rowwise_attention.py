@@ -95,22 +95,23 @@ def one_query(
 def fp32_math_pays(query: Tensor, kwargs: dict) -> bool:
     """A half-precision row on a CPU without AMX, and nothing in `kwargs` the plain product
     leaves out (dropout, a sliding window, soft-capping, sinks)."""
-    if query.dtype not in (torch.bfloat16, torch.float16) or query.device.type != "cpu":
-        return False
     plain = {"scaling", "dropout", "position_ids", "cache_position", "use_cache"}
     extra = [name for name, value in kwargs.items() if name not in plain and value is not None]
     if extra or kwargs.get("dropout") or kwargs.get("scaling") is None:
         return False
-    return not amx_bf16()
+    return _fp32_rows(query.dtype, query.device)
+
+
+def _fp32_rows(dtype: torch.dtype, device: torch.device) -> bool:
+    """Half precision on a CPU without AMX: where rows compute in fp32."""
+    half = dtype in (torch.bfloat16, torch.float16)
+    return half and device.type == "cpu" and not amx_bf16()
 
 
 def kv_storage_dtype(attention: str, dtype: torch.dtype, device: torch.device):
-    """fp32 for the K/V cache of a half-precision model under `rowwise` on a CPU without AMX,
-    where every row computes in fp32; else None (the K/V's own dtype)."""
-    half = dtype in (torch.bfloat16, torch.float16)
-    if attention != ROWWISE or not half or device.type != "cpu":
-        return None
-    return None if amx_bf16() else torch.float32
+    """fp32 for the K/V cache of a model under `rowwise` where its rows compute in fp32; else
+    None (the K/V's own dtype)."""
+    return torch.float32 if attention == ROWWISE and _fp32_rows(dtype, device) else None
 
 
 def hf_attention(kernel: str) -> str:
