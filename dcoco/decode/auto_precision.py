@@ -34,6 +34,7 @@ from dcoco.decode.cost_curve import (
 from dcoco.decode.draft_length import FLAT_PRIOR, expected_tokens
 from dcoco.decode.methods import MethodOptions, build_proposer, resolve_method
 from dcoco.errors import DcocoError
+from dcoco.models.cpu_kernels import kernels_state
 from dcoco.models.drafter_io import stored_slot_accuracy
 from dcoco.models.head_precision import check_head_dtype, fp32_head_pays
 from dcoco.models.loading import default_device, gguf_file, load_target
@@ -206,6 +207,7 @@ def _choice_path(config, methods: list[str]) -> Path:
         "draft_block": config.draft_block,
         "compile_head": config.compile_head,
         "kernels": KERNELS,
+        "cpu_kernels": kernels_state(),
         "draft_pass": DRAFT_PASS,
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]

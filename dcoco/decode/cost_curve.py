@@ -22,6 +22,7 @@ import torch
 from dcoco.decode.proposers import DraftContext, Proposer
 from dcoco.models.cache import crop_cache
 from dcoco.models.cpu_info import cpu_info
+from dcoco.models.cpu_kernels import kernels_state
 from dcoco.models.target import TargetModel
 from dcoco.paths import cache_dir
 
@@ -30,8 +31,9 @@ CURVE_TOKENS = 16  # the least a curve covers, so one measurement serves every d
 # Bumped when a kernel change moves what a forward costs, so that curves and choices cached
 # before it are measured again (2: rowwise's fp32 product for half-precision rows on AVX2 CPUs;
 # 3: decoding calls through dcoco.models.layer_loop; 4: the fp32 product on every CPU without AMX;
-# 5: that product's K/V cached in fp32).
-KERNELS = 5
+# 5: that product's K/V cached in fp32; 6: fused CPU kernels for norms and rotary, and whether
+# they built here, dcoco.models.cpu_kernels).
+KERNELS = 6
 
 
 @dataclass(frozen=True)
@@ -219,6 +221,7 @@ def _curve_path(target: TargetModel, max_tokens: int) -> Path:
         "context": str(CONTEXT),
         "max_tokens": str(max_tokens),
         "kernels": str(KERNELS),
+        "cpu_kernels": kernels_state() if target.device.type == "cpu" else "-",
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return cache_dir() / "profiles" / f"{target.name}-{digest}.json"

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from transformers import DynamicCache
 
 from dcoco.models.cache import cache_length
-from dcoco.models.layer_loop import rms_norm
+from dcoco.models.layer_loop import rms_norm, rotate
 
 Product = Callable[[Tensor], nn.Module]  # a weight [out, in] -> the layer computing x Wᵀ
 
@@ -58,7 +58,7 @@ class _DraftLayer(nn.Module):
         # q's and k's per-head norm weights, one row per head of the joint q|k heads [q+k, dim]
         q_norm = attn.q_norm.weight.detach().expand(self.q_heads, -1)
         k_norm = attn.k_norm.weight.detach().expand(self.k_heads, -1)
-        self.qk_norm = torch.cat([q_norm, k_norm])
+        self.qk_norm = torch.cat([q_norm, k_norm]).contiguous()
         self.eps = layer.input_layernorm.variance_epsilon
 
 
@@ -122,9 +122,8 @@ class DraftPass(nn.Module):
         kv_input = torch.cat([fused, rms_norm(hidden, layer.norm_in, layer.eps)])
         heads = self._product(layer.qkv, kv_input).view(num_context + rows, -1, layer.head_dim)
         rotated = layer.q_heads + layer.k_heads
-        qk = rms_norm(heads[:, :rotated], layer.qk_norm, layer.eps)  # [positions, q+k, dim]
-        cos, signed_sin = rotary
-        qk = qk * cos + qk.roll(layer.head_dim // 2, dims=-1) * signed_sin
+        # q's and k's heads normed per head, then rotated: [positions, q+k, dim]
+        qk = rotate(heads[:, :rotated], *rotary, norm=layer.qk_norm, eps=layer.eps)
         key = qk[:, layer.q_heads :].transpose(0, 1)[None]  # [1, kv heads, positions, dim]
         value = heads[:, rotated:].transpose(0, 1)[None]
         key, value = cache.update(key, value, layer.index)

@@ -1,0 +1,118 @@
+// Fused CPU kernels for the decoding step's small bf16 operations (dcoco.models.cpu_kernels).
+//
+// Each kernel does in one call what eager PyTorch does in 4-12 operators, for the few rows a
+// decoding step or a draft pass has; at ~1.5 us a call against 10-16 us for the operators. Every
+// intermediate value is rounded to bf16 where PyTorch's operators round it, so each kernel equals
+// its operators' result except where a sum of squares or an exp rounds differently in fp32 (the
+// tests bound that to one bf16 step). Single-threaded: the work is a few thousand values.
+
+#include <torch/extension.h>
+
+#include <cmath>
+
+namespace {
+
+using bf16 = c10::BFloat16;
+
+inline float round_bf16(float value) { return static_cast<float>(bf16(value)); }
+
+// Rows of a [rows, n] or [outer, inner, n] bf16 tensor whose last dim is contiguous.
+struct Rows {
+  const bf16* data;
+  int64_t outer, inner, n, outer_stride, inner_stride;
+
+  explicit Rows(const torch::Tensor& x) : data(x.data_ptr<bf16>()), n(x.size(-1)) {
+    TORCH_CHECK(x.scalar_type() == at::kBFloat16, "bf16 input expected");
+    TORCH_CHECK(x.dim() == 2 || x.dim() == 3, "2-D or 3-D input expected");
+    TORCH_CHECK(x.stride(-1) == 1, "the last dim must be contiguous");
+    outer = x.size(0);
+    outer_stride = x.stride(0);
+    inner = x.dim() == 3 ? x.size(1) : 1;
+    inner_stride = x.dim() == 3 ? x.stride(1) : 0;
+  }
+  const bf16* row(int64_t i, int64_t j) const { return data + i * outer_stride + j * inner_stride; }
+};
+
+// out = bf16(weight * bf16(x * rsqrt(mean(x^2) + eps))), the RMSNorm of Llama / Qwen layers.
+void norm_row(const bf16* x, const bf16* weight, int64_t n, float eps, float* out) {
+  float partial[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};  // 8 chains: no serial add
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int lane = 0; lane < 8; ++lane) {
+      const float value = x[i + lane];
+      partial[lane] += value * value;
+    }
+  }
+  float squares = 0.f;
+  for (; i < n; ++i) squares += static_cast<float>(x[i]) * static_cast<float>(x[i]);
+  for (float value : partial) squares += value;
+  const float scale = 1.f / std::sqrt(squares / static_cast<float>(n) + eps);
+  for (int64_t k = 0; k < n; ++k) {
+    out[k] = round_bf16(static_cast<float>(weight[k]) * round_bf16(x[k] * scale));
+  }
+}
+
+// x cos + roll(x, n / 2) signed_sin, each product and the sum rounded to bf16.
+void rotate_row(const float* x, const bf16* cos, const bf16* signed_sin, int64_t n, bf16* out) {
+  const int64_t half = n / 2;  // roll by half: out[i] reads x[i + half] below, x[i - half] above
+  for (int64_t i = 0; i < half; ++i) {
+    out[i] = bf16(round_bf16(x[i] * cos[i]) + round_bf16(x[i + half] * signed_sin[i]));
+  }
+  for (int64_t i = half; i < n; ++i) {
+    out[i] = bf16(round_bf16(x[i] * cos[i]) + round_bf16(x[i - half] * signed_sin[i]));
+  }
+}
+
+}  // namespace
+
+// x [rows, n] or [outer, inner, n]; weight [n] or [inner, n] (one row per inner index).
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  const Rows rows(x);
+  TORCH_CHECK(weight.scalar_type() == at::kBFloat16 && weight.is_contiguous(), "bf16 weight");
+  const bool per_inner = weight.dim() == 2;
+  auto out = torch::empty(x.sizes(), x.options());
+  bf16* target = out.data_ptr<bf16>();
+  std::vector<float> normed(rows.n);
+  for (int64_t i = 0; i < rows.outer; ++i) {
+    for (int64_t j = 0; j < rows.inner; ++j) {
+      const bf16* w = weight.data_ptr<bf16>() + (per_inner ? j * rows.n : 0);
+      norm_row(rows.row(i, j), w, rows.n, static_cast<float>(eps), normed.data());
+      bf16* row_out = target + (i * rows.inner + j) * rows.n;
+      for (int64_t k = 0; k < rows.n; ++k) row_out[k] = bf16(normed[k]);
+    }
+  }
+  return out;
+}
+
+// x [tokens, heads, head_dim]; cos, signed_sin [tokens, 1, head_dim] -> rotated, contiguous.
+// With a norm weight [heads, head_dim], each head is RMS-normed first (Qwen3's q/k norms).
+torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos,
+                     const torch::Tensor& signed_sin, const c10::optional<torch::Tensor>& weight,
+                     double eps) {
+  const Rows rows(x);
+  TORCH_CHECK(cos.is_contiguous() && signed_sin.is_contiguous(), "contiguous tables");
+  TORCH_CHECK(cos.numel() == rows.outer * rows.n, "one table row per token");
+  auto out = torch::empty(x.sizes(), x.options());
+  bf16* target = out.data_ptr<bf16>();
+  std::vector<float> values(rows.n);
+  for (int64_t i = 0; i < rows.outer; ++i) {
+    const bf16* c = cos.data_ptr<bf16>() + i * rows.n;
+    const bf16* s = signed_sin.data_ptr<bf16>() + i * rows.n;
+    for (int64_t j = 0; j < rows.inner; ++j) {
+      const bf16* source = rows.row(i, j);
+      if (weight.has_value()) {
+        const bf16* w = weight->data_ptr<bf16>() + j * rows.n;
+        norm_row(source, w, rows.n, static_cast<float>(eps), values.data());
+      } else {
+        for (int64_t k = 0; k < rows.n; ++k) values[k] = source[k];
+      }
+      rotate_row(values.data(), c, s, rows.n, target + (i * rows.inner + j) * rows.n);
+    }
+  }
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rms_norm", &rms_norm, "RMSNorm of bf16 rows");
+  m.def("rotate", &rotate, "rotary embedding of bf16 heads, optionally RMS-normed first");
+}

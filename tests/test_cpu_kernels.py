@@ -1,0 +1,113 @@
+"""The fused CPU kernels (dcoco.models.cpu_kernels): the operators' bf16 arithmetic, served only
+where they apply, and PyTorch's operators where they are off or cannot build."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dcoco.models import cpu_kernels
+from dcoco.models.layer_loop import rms_norm, rotate
+
+BF16 = torch.bfloat16
+
+
+@pytest.fixture
+def fused():
+    """The kernels, built here; a machine with a C++ compiler must build them."""
+    if cpu_kernels.kernels() is None:
+        if shutil.which("c++") and shutil.which("ninja"):
+            pytest.fail("the fused CPU kernels did not build on a machine with c++ and ninja")
+        pytest.skip("no C++ toolchain: the kernels fall back to PyTorch's operators")
+    return cpu_kernels
+
+
+def operators_norm(x, weight, eps):
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+
+
+def operators_rotate(x, cos, signed_sin):
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
+
+
+def assert_within_one_step(fast, slow):
+    """Equal but where an fp32 sum of squares rounds differently: then one bf16 step apart."""
+    assert fast.dtype == slow.dtype and fast.shape == slow.shape
+    differ = fast != slow
+    assert differ.float().mean() < 1e-3
+    step = slow.float().abs().clamp(min=1e-30) * 2**-7  # bf16 has 8 significant bits
+    assert ((fast.float() - slow.float()).abs() <= step)[differ].all()
+
+
+def test_rotation_is_the_operators_bit_for_bit(fused):
+    torch.manual_seed(0)
+    heads = torch.randn(5, 15, 64, dtype=BF16) * 3  # [tokens, heads, dim], q|k a strided slice
+    cos, signed_sin = torch.randn(5, 1, 64, dtype=BF16), torch.randn(5, 1, 64, dtype=BF16)
+    qk = heads[:, :12]
+    rotated = fused.rotate(qk, cos, signed_sin)
+    assert rotated.is_contiguous()
+    assert torch.equal(rotated, operators_rotate(qk, cos, signed_sin))
+
+
+def test_norms_are_the_operators_within_a_rounding(fused):
+    torch.manual_seed(1)
+    for scale in (1e-3, 1.0, 50.0):
+        x = torch.randn(8, 576, dtype=BF16) * scale
+        weight = torch.rand(576, dtype=BF16) + 0.5
+        assert_within_one_step(fused.rms_norm(x, weight, 1e-5), operators_norm(x, weight, 1e-5))
+    heads = torch.randn(3, 15, 64, dtype=BF16)[:, :12]  # per-head norms, one weight row a head
+    weight = torch.rand(12, 64, dtype=BF16) + 0.5
+    assert_within_one_step(fused.rms_norm(heads, weight, 1e-6),
+                           operators_norm(heads, weight, 1e-6))  # fmt: skip
+    cos, signed_sin = torch.randn(3, 1, 64, dtype=BF16), torch.randn(3, 1, 64, dtype=BF16)
+    normed = operators_norm(heads, weight, 1e-6)
+    assert_within_one_step(fused.rotate(heads, cos, signed_sin, weight, 1e-6),
+                           operators_rotate(normed, cos, signed_sin))  # fmt: skip
+
+
+def test_each_row_is_computed_alone(fused):
+    """A k-row call computes each row as the 1-row call does (a verify's rows equal steps)."""
+    torch.manual_seed(2)
+    x, weight = torch.randn(6, 64, dtype=BF16), torch.rand(64, dtype=BF16)
+    together = fused.rms_norm(x, weight, 1e-6)
+    for row in range(6):
+        assert torch.equal(together[row : row + 1], fused.rms_norm(x[row : row + 1], weight, 1e-6))
+
+
+def test_kernels_serve_bf16_cpu_rows_outside_autograd_only(fused):
+    rows = torch.zeros(2, 8, dtype=BF16)
+    assert fused.takes(rows) and fused.takes(torch.zeros(2, 3, 8, dtype=BF16))
+    assert not fused.takes(rows.float())
+    assert not fused.takes(rows.clone().requires_grad_())
+    assert not fused.takes(torch.zeros(1, 2, 3, 8, dtype=BF16))  # 4-D: the operators
+    assert not fused.takes(torch.zeros(8, 2, dtype=BF16).T)  # last dim strided
+
+
+def test_off_switch_and_a_failed_build_keep_the_operators(monkeypatch, capsys):
+    torch.manual_seed(3)
+    x, weight = torch.randn(2, 64, dtype=BF16), torch.rand(64, dtype=BF16)
+    cos, signed_sin = torch.randn(2, 1, 64, dtype=BF16), torch.randn(2, 1, 64, dtype=BF16)
+    heads = torch.randn(2, 4, 64, dtype=BF16)
+    try:
+        monkeypatch.setenv(cpu_kernels.SWITCH, "off")
+        cpu_kernels.kernels.cache_clear()
+        assert cpu_kernels.kernels() is None and cpu_kernels.kernels_state() == "operators"
+        assert torch.equal(rms_norm(x, weight, 1e-6), operators_norm(x, weight, 1e-6))
+        assert torch.equal(rotate(heads, cos, signed_sin), operators_rotate(heads, cos, signed_sin))
+
+        monkeypatch.delenv(cpu_kernels.SWITCH)
+        cpu_kernels.kernels.cache_clear()
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("no compiler\nc++: command not found")
+
+        monkeypatch.setattr("torch.utils.cpp_extension.load", broken)
+        assert cpu_kernels.kernels() is None
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1] == ("dcoco: fused CPU kernels unavailable, using PyTorch's operators "
+                           "(c++: command not found)")  # fmt: skip
+    finally:
+        cpu_kernels.kernels.cache_clear()  # the next caller builds (or loads) them again
