@@ -86,6 +86,19 @@ def test_kernels_serve_bf16_cpu_rows_outside_autograd_only(fused):
     assert not fused.takes(torch.zeros(8, 2, dtype=BF16).T)  # last dim strided
 
 
+def test_mismatched_weights_and_tables_are_refused(fused):
+    heads = torch.zeros(2, 4, 8, dtype=BF16)
+    tables = torch.zeros(2, 1, 8, dtype=BF16)
+    with pytest.raises(RuntimeError, match="weight"):
+        fused.rms_norm(heads, torch.ones(3, 8, dtype=BF16), 1e-6)  # 3 rows for 4 heads
+    with pytest.raises(RuntimeError, match="weight"):
+        fused.rms_norm(heads, torch.ones(6, dtype=BF16), 1e-6)
+    with pytest.raises(RuntimeError, match="norm weight"):
+        fused.rotate(heads, tables, tables, torch.ones(3, 8, dtype=BF16), 1e-6)
+    with pytest.raises(RuntimeError, match="table row"):
+        fused.rotate(heads, tables[:1], tables[:1])
+
+
 def test_off_switch_and_a_failed_build_keep_the_operators(monkeypatch, capsys):
     torch.manual_seed(3)
     x, weight = torch.randn(2, 64, dtype=BF16), torch.rand(64, dtype=BF16)

@@ -70,6 +70,8 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
   const Rows rows(x);
   TORCH_CHECK(weight.scalar_type() == at::kBFloat16 && weight.is_contiguous(), "bf16 weight");
   const bool per_inner = weight.dim() == 2;
+  TORCH_CHECK(weight.size(-1) == rows.n && (!per_inner || weight.size(0) == rows.inner),
+              "weight [n] or [inner, n] expected");
   auto out = torch::empty(x.sizes(), x.options());
   bf16* target = out.data_ptr<bf16>();
   std::vector<float> normed(rows.n);
@@ -91,7 +93,14 @@ torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos,
                      double eps) {
   const Rows rows(x);
   TORCH_CHECK(cos.is_contiguous() && signed_sin.is_contiguous(), "contiguous tables");
-  TORCH_CHECK(cos.numel() == rows.outer * rows.n, "one table row per token");
+  TORCH_CHECK(cos.numel() == rows.outer * rows.n && signed_sin.numel() == cos.numel(),
+              "one table row per token");
+  TORCH_CHECK(rows.n % 2 == 0, "an even head_dim");
+  if (weight.has_value()) {
+    TORCH_CHECK(weight->scalar_type() == at::kBFloat16 && weight->is_contiguous() &&
+                    weight->numel() == rows.inner * rows.n,
+                "norm weight [heads, head_dim] expected");
+  }
   auto out = torch::empty(x.sizes(), x.options());
   bf16* target = out.data_ptr<bf16>();
   std::vector<float> values(rows.n);

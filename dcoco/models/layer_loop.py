@@ -218,7 +218,8 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """The RMSNorm of the families the loop takes (and of the DFlash drafter's Qwen3 layers), in
     their forward's order: normalised in fp32 (`F.rms_norm`, one call for their six), rounded,
     times the weight; bit for bit (tests/test_layer_loop.py), a 1-row norm 22 -> 18 µs on a Zen 4
-    EPYC. bf16 rows on a CPU take the fused kernel (dcoco.models.cpu_kernels): 16 -> 1.3 µs there.
+    EPYC. bf16 rows on a CPU take the fused kernel (dcoco.models.cpu_kernels, 16 -> 1.3 µs there),
+    equal but where its fp32 sum of squares rounds differently (one bf16 step at most).
     `weight` [n], or [inner, n] for x [outer, inner, n]."""
     if cpu_kernels.takes(x) and weight.dtype == x.dtype:
         return cpu_kernels.rms_norm(x, weight.contiguous(), eps)
@@ -229,8 +230,8 @@ def rotate(x: Tensor, cos: Tensor, signed_sin: Tensor, norm: Tensor | None = Non
            eps: float = 0.0) -> Tensor:  # fmt: skip
     """x [tokens, heads, head_dim] -> x cos + roll(x, head_dim / 2) signed_sin (rotate_half's
     rotation, cos and signed_sin [tokens, 1, head_dim]); with `norm` [heads, head_dim] each head
-    RMS-normed first. Bit-equal either way: the fused kernel for bf16 rows on a CPU (1-row q|k
-    7.8 -> 1.5 µs on a Zen 4 EPYC), else the operators."""
+    RMS-normed first (rms_norm). The fused kernel for bf16 rows on a CPU (1-row q|k 7.8 -> 1.5 µs
+    on a Zen 4 EPYC), else the operators; the rotation is bit-equal either way."""
     if cpu_kernels.takes(x) and cos.dtype == x.dtype and (norm is None or norm.dtype == x.dtype):
         return cpu_kernels.rotate(x, cos, signed_sin, None if norm is None else norm.contiguous(),
                                   eps)  # fmt: skip
