@@ -26,9 +26,7 @@ from torch import Tensor, nn
 from transformers import DynamicCache
 
 from dcoco.models.cache import cache_length
-from dcoco.models.gguf_weights import Int4GroupLinear, int4_rows
 from dcoco.models.layer_loop import rms_norm, rotate
-from dcoco.models.rowwise_attention import MAX_ROWWISE_QUERIES
 
 Product = Callable[[Tensor], nn.Module]  # a weight [out, in] -> the layer computing x Wᵀ
 
@@ -78,20 +76,11 @@ class DraftPass(nn.Module):
         device = self.norm.device
         half = torch.arange(0, config.head_dim, 2, dtype=torch.float32, device=device)
         self.inv_freq = 1.0 / config.rope_theta ** (half / config.head_dim)  # [head_dim / 2]
-        # each int4 product's packed weight and scales, by the layer's id (a plain dict: read
-        # once a call without nn.Module's attribute lookup)
-        int4 = [m for m in self.modules() if isinstance(m, Int4GroupLinear) and m.bias is None]
-        self._int4 = {id(m): (m.weight_int4, m.scales_and_zeros) for m in int4}
 
     def _product(self, layer: nn.Module, rows: Tensor) -> Tensor:
-        # an int4 layer's kernel itself over the few rows of a draft (its forward's reshapes,
-        # branch and buffer lookups cost ~9 µs a call, ten calls a pass); else its forward, not
-        # __call__: no hooks are ever set on these. int4 answers in bf16 whatever it is given.
-        packed = self._int4.get(id(layer))
-        if packed is not None and rows.shape[0] <= MAX_ROWWISE_QUERIES:
-            out = int4_rows(rows, *packed)
-        else:
-            out = layer.forward(rows)
+        # its forward, not __call__: no hooks are ever set on these, and a pass makes ten calls;
+        # int4 layers answer in bf16 whatever they are given
+        out = layer.forward(rows)
         return out if out.dtype == rows.dtype else out.to(rows.dtype)
 
     def _rotary(self, start: int, stop: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:

@@ -75,6 +75,10 @@ class Int4GroupLinear(nn.Module):
         self.prefill_dtype = self.prefill.weight.dtype  # packing drops the module's .weight
 
     def forward(self, x: Tensor) -> Tensor:  # [..., in] -> [..., out]
+        if x.dim() == 2 and x.shape[0] <= MAX_ROWWISE_QUERIES and self.bias is None:
+            # a step's, verify's or draft's few rows: the kernel itself (the general path's
+            # reshapes and branches cost ~9 µs a call, ten calls a draft pass)
+            return int4_rows(x, self.weight_int4, self.scales_and_zeros)
         rows = x.reshape(-1, self.in_features)
         if rows.shape[0] > MAX_ROWWISE_QUERIES:  # a prefill: every method's, one kernel for all
             out = self.prefill(rows.to(self.prefill_dtype)).to(torch.bfloat16)
