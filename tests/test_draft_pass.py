@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from conftest import make_tiny_target
 
 import dcoco.decode.draft_precision as draft_precision
-from dcoco.decode.draft_precision import check_draft_block, int4_drafter
+from dcoco.decode.draft_precision import check_draft_block, drafter_product
 from dcoco.decode.engine import Engine
 from dcoco.decode.methods import MethodOptions, build_proposer
 from dcoco.errors import DcocoError
@@ -22,6 +22,7 @@ from dcoco.models.drafter import BlockDrafter
 from dcoco.models.drafter_config import DrafterConfig
 from dcoco.models.drafter_io import save_drafter
 from dcoco.models.gguf_weights import GROUP, dequantise
+from dcoco.models.int4_dot import w4a8_linear
 from dcoco.models.int4_groups import int4_linear, quantise_int4
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -150,13 +151,20 @@ def test_bad_settings_fail_clearly(monkeypatch):
     config = make_drafter(target).config
     gpu = types.SimpleNamespace(device=torch.device("cuda"), dtype=torch.bfloat16)
     with pytest.raises(DcocoError, match="int4 runs on the CPU"):
-        int4_drafter("int4", gpu, config)
-    assert not int4_drafter("target", gpu, config)
+        drafter_product("int4", gpu, config)
+    assert drafter_product("target", gpu, config) is None
     # widths the int4 kernel does not pack: auto falls back, int4 says why
     monkeypatch.setattr(draft_precision, "native_bf16", lambda: True)
     monkeypatch.setattr(draft_precision, "amx_bf16", lambda: False)
-    assert int4_drafter("auto", target, config)
+    monkeypatch.setattr(draft_precision, "int4_dot_available", lambda: False)
+    assert drafter_product("auto", target, config) is int4_linear
     odd = dataclasses.replace(config, intermediate_size=120)
-    assert not int4_drafter("auto", target, odd)
+    assert drafter_product("auto", target, odd) is None
     with pytest.raises(DcocoError, match="divisible by 32"):
-        int4_drafter("int4", target, odd)
+        drafter_product("int4", target, odd)
+    # w4a8 where its kernel built (auto picks it), a clear line where it did not
+    with pytest.raises(DcocoError, match="w4a8 needs AVX-512 VNNI"):
+        drafter_product("w4a8", target, config)
+    monkeypatch.setattr(draft_precision, "int4_dot_available", lambda: True)
+    assert drafter_product("auto", target, config) is w4a8_linear
+    assert drafter_product("int4", target, config) is int4_linear

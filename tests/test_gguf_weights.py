@@ -19,6 +19,7 @@ from dcoco.models.gguf_weights import (
     install_int4,
     q4_1_blocks,
 )
+from dcoco.models.int4_dot import Int4DotLinear, int4_dot_available
 from dcoco.models.precision import resolve_attention
 from dcoco.models.rowwise_attention import MAX_ROWWISE_QUERIES, hf_attention
 from dcoco.models.shared_input import OutputSlice
@@ -109,9 +110,10 @@ def test_a_gguf_of_another_model_is_refused():
         _check_same_weight("w", codes, scale, zero, weight.flip(0))
 
 
-def tiny_gguf_target(fuse: bool = True) -> TargetModel:
-    """A tiny Llama with every decoder linear on random int4 codes and the rowwise attention
-    (auto's choice on CPU); `fuse` runs q/k/v and gate/up as shared products, as loading does."""
+def tiny_gguf_target(fuse: bool = True, layer=Int4GroupLinear) -> TargetModel:
+    """A tiny Llama with every decoder linear on random int4 codes (as `layer`: gguf's, or
+    gguf-a8's Int4DotLinear) and the rowwise attention (auto's choice on CPU); `fuse` runs q/k/v
+    and gate/up as shared products, as loading does."""
     model = make_tiny_target("llama").model.to(torch.bfloat16)
     model.set_attn_implementation(hf_attention(resolve_attention("auto", "gguf")))
     codes_of = {}
@@ -121,16 +123,27 @@ def tiny_gguf_target(fuse: bool = True) -> TargetModel:
             seed = rows + cols + len(codes_of)
             codes_of[name] = (*q4_1_blocks(q4_1_bytes(rows, cols, seed), rows, cols), None)
     if fuse:
-        install_int4(model, codes_of)
+        install_int4(model, codes_of, layer)
     else:
         for name, (codes, scale, zero, _) in codes_of.items():
-            model.set_submodule(name, Int4GroupLinear(codes, scale, zero))
-    return TargetModel(model, name="tiny-gguf", precision="gguf", attention="rowwise")
+            model.set_submodule(name, layer(codes, scale, zero))
+    precision = "gguf" if layer is Int4GroupLinear else "gguf-a8"
+    return TargetModel(model, name="tiny-gguf", precision=precision, attention="rowwise")
 
 
-def test_gguf_verify_rows_equal_single_steps():
-    """The logits of a k-token forward equal k one-token steps bit for bit."""
-    target = tiny_gguf_target()
+GGUF_LAYERS = [
+    Int4GroupLinear,
+    pytest.param(
+        Int4DotLinear,
+        marks=pytest.mark.skipif(not int4_dot_available(), reason="no AVX-512 VNNI build"),
+    ),
+]
+
+
+@pytest.mark.parametrize("layer", GGUF_LAYERS)
+def test_gguf_verify_rows_equal_single_steps(layer):
+    """The logits of a k-token forward equal k one-token steps bit for bit (gguf and gguf-a8)."""
+    target = tiny_gguf_target(layer=layer)
     assert isinstance(target.layers[0].self_attn.k_proj, OutputSlice)
     prompt = torch.randint(5, 128, (1, 20), generator=torch.Generator().manual_seed(1))
     block = torch.randint(5, 128, (1, 6), generator=torch.Generator().manual_seed(2))
@@ -142,9 +155,10 @@ def test_gguf_verify_rows_equal_single_steps():
     assert torch.equal(together, one_by_one)
 
 
-def test_fused_projections_compute_the_separate_layers():
+@pytest.mark.parametrize("layer", GGUF_LAYERS)
+def test_fused_projections_compute_the_separate_layers(layer):
     """q/k/v and gate/up as one product: the same logits as one kernel call per layer."""
     ids = torch.randint(5, 128, (1, 12), generator=torch.Generator().manual_seed(4))
-    fused = tiny_gguf_target(fuse=True).forward(ids).logits
-    separate = tiny_gguf_target(fuse=False).forward(ids).logits
+    fused = tiny_gguf_target(fuse=True, layer=layer).forward(ids).logits
+    separate = tiny_gguf_target(fuse=False, layer=layer).forward(ids).logits
     assert torch.equal(fused, separate)

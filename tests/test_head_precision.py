@@ -81,6 +81,7 @@ def test_the_target_head_stays_and_bad_settings_fail_in_one_line():
 def test_auto_weighs_the_fp32_head_only_for_half_precision_on_an_emulating_cpu(monkeypatch):
     monkeypatch.setattr(head_precision, "native_bf16", lambda: False)
     monkeypatch.setattr(auto_precision, "has_gguf", lambda spec: True)
+    monkeypatch.setattr(auto_precision, "int4_dot_available", lambda: False)  # no gguf-a8
     settings = auto_precision._settings(DecodeConfig())
     assert settings == {
         "bf16": ("bf16", "target"),
@@ -94,6 +95,8 @@ def test_auto_weighs_the_fp32_head_only_for_half_precision_on_an_emulating_cpu(m
     ]
     monkeypatch.setattr(head_precision, "native_bf16", lambda: True)
     assert list(auto_precision._settings(DecodeConfig())) == ["bf16", "gguf", "fp32"]
+    monkeypatch.setattr(auto_precision, "int4_dot_available", lambda: True)  # AVX-512 VNNI
+    assert list(auto_precision._settings(DecodeConfig())) == ["bf16", "gguf", "gguf-a8", "fp32"]
     # nothing left to weigh: no measurement, the target's head
     cpu = DecodeConfig(dtype="gguf", device="cpu")
     assert auto_precision.resolve_precision(cpu, ["dflash"]) == ("gguf", "target")

@@ -9,6 +9,7 @@ from test_gguf_weights import tiny_gguf_target
 from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from dcoco.models.cache import crop_cache
+from dcoco.models.int4_dot import Int4DotLinear, int4_dot_available
 from dcoco.models.layer_loop import layer_loop_for
 from dcoco.models.precision import quantise_int8_weights
 from dcoco.models.rowwise_attention import MAX_ROWWISE_QUERIES, ROWWISE
@@ -79,6 +80,10 @@ def test_int8_and_gguf_layers_equal_the_models_forward():
     assert all(calls.qkv_joint is not None for calls in gguf.layer_loop.layers)
     for tokens in (1, 6):
         assert_bit_equal(*loop_and_model(gguf, tokens))
+    if int4_dot_available():  # gguf-a8: its layers' forward calls the w4a8 kernel
+        gguf_a8 = tiny_gguf_target(layer=Int4DotLinear)
+        for tokens in (1, 6):
+            assert_bit_equal(*loop_and_model(gguf_a8, tokens))
 
 
 def test_sdpa_takes_single_token_steps_only():

@@ -37,13 +37,16 @@ from dcoco.errors import DcocoError
 from dcoco.models.cpu_kernels import kernels_state
 from dcoco.models.drafter_io import stored_slot_accuracy
 from dcoco.models.head_precision import check_head_dtype, fp32_head_pays
+from dcoco.models.int4_dot import int4_dot_available
 from dcoco.models.loading import default_device, gguf_file, load_target
+from dcoco.models.precision import GGUF_PRECISIONS
 from dcoco.paths import cache_dir
 
 # Bumped when the drafter's pass changes what a draft costs, so that choices cached before it are
-# made again (2: dcoco.models.draft_pass, int4 drafters, drafted blocks).
-DRAFT_PASS = 2
-CANDIDATES = ("bf16", "gguf", "fp32")  # CPU precisions auto compares, where the target has them
+# made again (2: dcoco.models.draft_pass, int4 drafters, drafted blocks; 3: w4a8 drafters).
+DRAFT_PASS = 3
+# CPU precisions auto compares, where the target has them (precision_available)
+CANDIDATES = ("bf16", "gguf", "gguf-a8", "fp32")
 
 
 def resolve_precision(config, methods: list[str], refresh: bool = False) -> tuple[str, str]:
@@ -160,12 +163,20 @@ def _draft_costs(targets: dict, methods: list[str], options, rounds: int = 3) ->
 
 
 def has_gguf(spec: str) -> bool:
-    """Whether the target has a GGUF file (the gguf precision exists for it)."""
+    """Whether the target has a GGUF file (the gguf precisions exist for it)."""
     try:
         gguf_file(spec)
     except DcocoError:
         return False
     return True
+
+
+def precision_available(dtype: str, spec: str) -> bool:
+    """Whether `dtype` runs for the target `spec` here: the gguf precisions need its GGUF file,
+    gguf-a8 the w4a8 kernel too (dcoco.models.int4_dot)."""
+    if dtype not in GGUF_PRECISIONS:
+        return True
+    return has_gguf(spec) and (dtype == "gguf" or int4_dot_available())
 
 
 def setting_label(dtype: str, head_dtype: str) -> str:
@@ -178,7 +189,7 @@ def _settings(config) -> dict[str, tuple[str, str]]:
     if config.dtype != "auto":
         dtypes = [config.dtype]
     else:
-        dtypes = [d for d in CANDIDATES if d != "gguf" or has_gguf(config.target)]
+        dtypes = [d for d in CANDIDATES if precision_available(d, config.target)]
     cpu = torch.device("cpu")
     settings = {}
     for dtype in dtypes:

@@ -1,5 +1,6 @@
 """The drafter's precision (`--draft-dtype`): the target's, fp32 beside a half-precision target,
-or int4 groups; and the rows a draft pass runs (`--draft-block`).
+int4 groups, or int4 groups over int8 activations (w4a8); and the rows a draft pass runs
+(`--draft-block`).
 
 A drafter shares the target's embedding and LM head and by default runs in the target's dtype. On
 a CPU without native bf16 (AVX2 only) every bf16 product is emulated: the drafter's pass, most of
@@ -12,7 +13,10 @@ On a CPU with native bf16 but no AMX (AVX-512 bf16: AMD Zen 4) the pass streams 
 as int4 groups (dcoco.models.int4_groups) on the CPU's int4 kernel: 2-core EPYC, SmolLM2's drafter,
 3 drafts over the drafted slots, 3.1 ms in bf16 against 2.1 ms in int4
 (scripts/reproduce/draft_pass_cost.py). So `auto` is int4 there, for drafters whose layers the
-kernel takes (every input width a multiple of 32). Elsewhere (AMX, where bf16 products run on
+kernel takes (every input width a multiple of 32). Where the CPU also has AVX-512 VNNI and the
+fused kernels build, `auto` is w4a8 (dcoco.models.int4_dot: the same int4 weights, the few rows
+of a draft rounded to int8 per 32 inputs and summed in int32, as llama.cpp does): k = 4 drafts
+2.74 -> 1.73 ms in the same process on that EPYC. Elsewhere (AMX, where bf16 products run on
 tiles; CUDA) it is the target's dtype. Drafts are proposals: the target still verifies every token,
 so the output is the same; only which tokens get proposed may change, as between any two precisions
 (τ at 4 and 7 drafts moved by 0.01-0.02 between bf16 and int4, docs/results.md).
@@ -28,17 +32,19 @@ import torch
 from torch import nn
 
 from dcoco.errors import DcocoError
-from dcoco.models.draft_pass import DraftPass, dense_product
+from dcoco.models.draft_pass import DraftPass, Product, dense_product
 from dcoco.models.drafter import BlockDrafter
 from dcoco.models.drafter_config import DrafterConfig
 from dcoco.models.drafter_io import load_drafter
 from dcoco.models.gguf_weights import GROUP, int4_packable
 from dcoco.models.head_precision import Fp32Head, head_copy
+from dcoco.models.int4_dot import int4_dot_available, w4a8_linear
 from dcoco.models.int4_groups import int4_linear
 from dcoco.models.packed_linear import amx_bf16, native_bf16, onednn_available, pack_linears
 from dcoco.models.target import TargetModel
 
-DRAFT_DTYPES = ("auto", "target", "fp32", "int4")
+DRAFT_DTYPES = ("auto", "target", "fp32", "int4", "w4a8")
+QUANTISED = {"int4": int4_linear, "w4a8": w4a8_linear}  # setting -> the product of its layers
 HALF = (torch.bfloat16, torch.float16)
 PLAIN_HEADS = (nn.Linear, Fp32Head)  # heads whose weights an fp32 drafter can run on
 
@@ -59,15 +65,17 @@ def check_draft_dtype(name: str) -> str:
 
 
 def draft_setting(name: str, target: TargetModel) -> str:
-    """What the setting `name` runs beside `target`: `target`, `fp32` or `int4` (`auto` resolved
-    from the machine, see the module doc)."""
+    """What the setting `name` runs beside `target`: `target`, `fp32`, `int4` or `w4a8` (`auto`
+    resolved from the machine, see the module doc)."""
     if check_draft_dtype(name) != "auto":
         return name
     if target.device.type != "cpu" or target.dtype not in HALF:
         return "target"
     if not native_bf16():
         return "fp32" if isinstance(target.lm_head, PLAIN_HEADS) else "target"
-    return "target" if amx_bf16() else "int4"
+    if amx_bf16():
+        return "target"
+    return "w4a8" if int4_dot_available() else "int4"
 
 
 def draft_dtype(name: str, target: TargetModel) -> torch.dtype:
@@ -97,29 +105,36 @@ def load_proposer_drafter(path, target: TargetModel, name: str) -> BlockDrafter:
     return load_drafter(path, target, dtype, head_copy(target.lm_head, dtype))
 
 
-def int4_drafter(name: str, target: TargetModel, config: DrafterConfig) -> bool:
-    """Whether the setting `name` runs the drafter (of `config`) with its products and draft head
-    as int4 groups (dcoco.models.int4_groups): the CPU kernel's, so CPU targets only, and widths
-    it packs (`auto` falls back to the target's dtype for others; `int4` fails clearly)."""
-    if draft_setting(name, target) != "int4":
-        return False
+def drafter_product(name: str, target: TargetModel, config: DrafterConfig) -> Product | None:
+    """The product the setting `name` runs the drafter's layers and draft head on (of `config`):
+    int4 groups (dcoco.models.int4_groups) or w4a8 (dcoco.models.int4_dot), CPU targets only and
+    widths the int4 kernels pack (`auto` falls back to the target's dtype for others; a named
+    setting fails clearly); None where the layers keep their dtype."""
+    setting = draft_setting(name, target)
+    if setting not in QUANTISED:
+        return None
     if target.device.type != "cpu":
-        raise DcocoError("--draft-dtype int4 runs on the CPU's int4 kernel: use it on a CPU")
+        raise DcocoError(f"--draft-dtype {setting} runs on the CPU's int4 kernels: use it on a CPU")
+    if setting == "w4a8" and not int4_dot_available():
+        raise DcocoError("--draft-dtype w4a8 needs AVX-512 VNNI and the fused CPU kernels built "
+                         "(dcoco.models.cpu_kernels); use --draft-dtype int4")  # fmt: skip
     widths = (config.hidden_size, config.intermediate_size, config.num_taps * config.hidden_size)
     if all(int4_packable(width) for width in widths):
-        return True
+        return QUANTISED[setting]
     if name == "auto":
-        return False
-    raise DcocoError(f"--draft-dtype int4 needs the drafter's input widths {widths} divisible by "
-                     f"{GROUP}; use --draft-dtype target")  # fmt: skip
+        return None
+    raise DcocoError(f"--draft-dtype {setting} needs the drafter's input widths {widths} "
+                     f"divisible by {GROUP}; use --draft-dtype target")  # fmt: skip
 
 
-def pack_drafter(drafter: BlockDrafter, target: TargetModel, int4: bool = False) -> BlockDrafter:
-    """The drafter's decoding pass (dcoco.models.draft_pass) from its weights: int4 groups with
-    `int4`, else its dtype's, on oneDNN's prepacked kernel where the target's are, or where the
+def pack_drafter(drafter: BlockDrafter, target: TargetModel,
+                 product: Product | None = None) -> BlockDrafter:  # fmt: skip
+    """The drafter's decoding pass (dcoco.models.draft_pass) from its weights: `product`'s layers
+    (drafter_product), else its dtype's, on oneDNN's prepacked kernel where the target's are, or
+    where the
     drafter runs apart from the target in a dtype oneDNN takes (the draft heads keep reading the
     module's weights, which stay as they are)."""
-    draft_pass = DraftPass(drafter, int4_linear if int4 else dense_product)
+    draft_pass = DraftPass(drafter, product or dense_product)
     apart = drafter.dtype != target.dtype and target.device.type == "cpu"
     if target.matmul == "onednn" or (apart and onednn_available(drafter.dtype)):
         pack_linears(draft_pass)  # int4 layers: their dense copy for prefills

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from dcoco.decode.draft_precision import (
     check_draft_block,
-    int4_drafter,
+    drafter_product,
     load_proposer_drafter,
     pack_drafter,
 )
@@ -191,20 +191,20 @@ def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> 
     from dcoco.models.head_io import load_head
 
     drafter = load_proposer_drafter(path, target, options.draft_dtype)
-    int4 = int4_drafter(options.draft_dtype, target, drafter.config)
+    product = drafter_product(options.draft_dtype, target, drafter.config)
     drafter.drafted_rows_only = check_draft_block(options.draft_block) == "drafted"
     num_draft_tokens = options.num_draft_tokens or None
     prior = stored_slot_accuracy(path)
     if spec.method in ("dflash", "pld-dflash"):
-        drafter = pack_drafter(drafter, target, int4)
-        drafter.use_draft_vocab(_vocab_ids(options, target), int4)
+        drafter = pack_drafter(drafter, target, product)
+        drafter.use_draft_vocab(_vocab_ids(options, target), product)
         proposer = DFlashProposer(
             drafter, num_draft_tokens, prior, sampled_drafts=options.sampled_drafts
         )
         return proposer if spec.method == "dflash" else HybridProposer(proposer)
     head = load_head(path, target, drafter, drafter.dtype)
-    drafter = pack_drafter(drafter, target, int4)  # after the head, which may read its weights
-    drafter.use_draft_vocab(_vocab_ids(options, target), int4)
+    drafter = pack_drafter(drafter, target, product)  # after the head, which may read its weights
+    drafter.use_draft_vocab(_vocab_ids(options, target), product)
     return HeadProposer(
         drafter,
         head,

@@ -19,7 +19,7 @@ from dcoco.decode.session import DecodeConfig, make_engine, open_target
 from dcoco.errors import DcocoError
 from dcoco.eval.peers import PEER_METHODS, HFPeer, LlamaCppPeer
 from dcoco.models.loading import gguf_file, resolve_target
-from dcoco.models.precision import check_precision, load_dtype
+from dcoco.models.precision import WEIGHT_FORMATS, check_precision, load_dtype
 from dcoco.models.target import TargetModel
 
 
@@ -78,7 +78,7 @@ def make_row_engine(row: BenchRow, targets: RowTargets):
         threads = config.threads or torch.get_num_threads()
         return LlamaCppPeer(gguf_file(config.target), targets.get(None), threads)
     if row.method in PEER_METHODS:
-        dtype = row.dtype or ("bf16" if config.dtype in ("int8", "gguf") else config.dtype)
+        dtype = row.dtype or ("bf16" if config.dtype in WEIGHT_FORMATS else config.dtype)
         model_dir = resolve_target(config.target)
         return HFPeer(model_dir, targets.get(None), load_dtype(dtype), row.method == "hf-pld")
     return make_engine(targets.get(row.dtype), row.method, _with_dtype(config, row.dtype))
@@ -88,7 +88,7 @@ def row_precision(row: BenchRow, config: DecodeConfig) -> str:
     """The precision a row's weights run at, for its label in reports."""
     if row.method == "llama-cpp":
         return LlamaCppPeer.precision
-    if row.method in PEER_METHODS and not row.dtype and config.dtype in ("int8", "gguf"):
+    if row.method in PEER_METHODS and not row.dtype and config.dtype in WEIGHT_FORMATS:
         return "bf16"  # transformers runs neither of our weight-only formats
     return row.dtype or setting_label(config.dtype, config.head_dtype)
 

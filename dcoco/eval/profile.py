@@ -21,7 +21,7 @@ from dcoco.config import Command
 from dcoco.decode.auto_precision import (
     auto_choice,
     describe,
-    has_gguf,
+    precision_available,
     resolve_precision,
     setting_label,
 )
@@ -48,7 +48,7 @@ DEFAULT_MATMUL = DecodeConfig.matmul
 @dataclass
 class ProfileConfig:
     target: str = DEFAULT_TARGET  # embedded name or HF model directory
-    dtypes: tuple[str, ...] = ("bf16", "gguf", "int8", "fp32")  # precisions to time, if any
+    dtypes: tuple[str, ...] = ("bf16", "gguf", "gguf-a8", "int8", "fp32")  # to time, where they run
     attention: str = "auto"  # the target's attention kernel: auto | eager | sdpa
     matmuls: tuple[str, ...] = ("aten", "onednn")  # linear kernels to time (where they apply)
     methods: tuple[str, ...] = ("dflash", "dcoco")  # drafter methods whose draft cost to time
@@ -106,8 +106,8 @@ def _settings(config: ProfileConfig) -> list[tuple[str, str, str]]:
     settings = []
     device = torch.device(config.device) if config.device else default_device()
     for dtype in [check_precision(d) for d in config.dtypes]:
-        if dtype == "gguf" and not has_gguf(config.target):
-            continue  # a target without a GGUF file has no gguf precision
+        if not precision_available(dtype, config.target):
+            continue  # no GGUF file, or no w4a8 kernel here
         kernels = {_resolved(m, dtype, config) for m in config.matmuls if m.strip()}
         heads = ("target", "fp32") if fp32_head_pays(dtype, device) else ("target",)
         settings += [

@@ -121,7 +121,23 @@ torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos,
   return out;
 }
 
+// int4_dot.cpp, built into the same module
+bool int4_dot_available();
+torch::Tensor int4_dot(const torch::Tensor& x, const torch::Tensor& weights,
+                       const torch::Tensor& scales, const torch::Tensor& zeros,
+                       const torch::Tensor& offsets);
+
+// draft_attention.cpp, built into the same module
+bool draft_attention_available();
+torch::Tensor draft_attention(const torch::Tensor& query, const torch::Tensor& key,
+                              const torch::Tensor& value, double scale);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm of bf16 rows");
   m.def("rotate", &rotate, "rotary embedding of bf16 heads, optionally RMS-normed first");
+  m.def("int4_dot_available", &int4_dot_available, "whether int4_dot was built (AVX-512 VNNI)");
+  m.def("int4_dot", &int4_dot, "rows times 4-bit codes, the rows rounded to int8 per 32 inputs");
+  m.def("draft_attention_available", &draft_attention_available,
+        "whether draft_attention was built (AVX-512 bf16)");
+  m.def("draft_attention", &draft_attention, "a draft's few query rows over all keys, no mask");
 }

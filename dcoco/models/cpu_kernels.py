@@ -29,7 +29,10 @@ from torch import Tensor
 from dcoco.models.cpu_info import cpu_info
 from dcoco.paths import cache_dir
 
-SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
+KERNEL_FILES = ("cpu_kernels.cpp", "int4_dot.cpp", "draft_attention.cpp")
+SOURCES = [Path(__file__).with_name(name) for name in KERNEL_FILES]
+# -fopenmp: at::parallel_for is inline OpenMP, one thread without it (torch's own backend)
+FLAGS = ["-O3", "-march=native", "-fopenmp"]
 SWITCH = "DCOCO_CPU_KERNELS"  # `off`: PyTorch's operators only
 
 
@@ -38,7 +41,8 @@ def kernels() -> ModuleType | None:
     """The compiled kernels, built on first use; None where they are off or cannot build."""
     if os.environ.get(SWITCH, "on").lower() in ("off", "0", "false"):
         return None
-    digest = hashlib.sha256(SOURCE.read_bytes() + _build_key()).hexdigest()[:12]
+    sources = b"".join(source.read_bytes() for source in SOURCES)
+    digest = hashlib.sha256(sources + _build_key()).hexdigest()[:12]
     build = cache_dir() / "cpu-kernels" / digest
     try:
         from torch.utils.cpp_extension import load
@@ -49,9 +53,9 @@ def kernels() -> ModuleType | None:
         if not any(build.glob("*.so")):
             print("dcoco: building the fused CPU kernels (once per machine, about 30 s)",
                   file=sys.stderr)  # fmt: skip
-        flags = ["-O3", "-march=native"]
-        return load(f"dcoco_cpu_kernels_{digest}", [str(SOURCE)], extra_cflags=flags,
-                    build_directory=str(build), verbose=False)  # fmt: skip
+        return load(f"dcoco_cpu_kernels_{digest}", [str(source) for source in SOURCES],
+                    extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], build_directory=str(build),
+                    verbose=False)  # fmt: skip
     except Exception as error:  # noqa: BLE001 - any build failure means: keep the operators
         reason = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
         print(f"dcoco: fused CPU kernels unavailable, using PyTorch's operators ({reason})",
@@ -66,8 +70,8 @@ def kernels_state() -> str:
 
 
 def _build_key() -> bytes:
-    """What a build depends on beside the source: torch, and this CPU (-march=native)."""
-    return f"{torch.__version__} {sorted(cpu_info().flags)}".encode()
+    """What a build depends on beside the sources: torch, the flags, this CPU (-march=native)."""
+    return f"{torch.__version__} {FLAGS} {sorted(cpu_info().flags)}".encode()
 
 
 def takes(x: Tensor) -> bool:
@@ -91,3 +95,20 @@ def rotate(x: Tensor, cos: Tensor, signed_sin: Tensor, norm: Tensor | None = Non
     with `norm` [heads, head_dim] each head RMS-normed (eps) first. cos, signed_sin: [tokens, 1,
     head_dim] bf16."""
     return kernels().rotate(x, cos.contiguous(), signed_sin.contiguous(), norm, eps)
+
+
+def attends(query: Tensor, key: Tensor) -> bool:
+    """Whether draft_attention serves `query` [1, heads, rows, 64] over `key` (the same, any row
+    stride): bf16 on a CPU outside autograd, built here with AVX-512 bf16."""
+    if query.dtype != torch.bfloat16 or key.dtype != torch.bfloat16 or query.requires_grad:
+        return False
+    if query.device.type != "cpu" or query.dim() != 4 or query.shape[-1] != 64:
+        return False
+    built = kernels()
+    return built is not None and built.draft_attention_available()
+
+
+def draft_attention(query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+    """softmax(q kᵀ / √64) v without a mask, for a draft's few query rows (attends() holds);
+    not bit-equal to SDPA (dcoco/models/draft_attention.cpp): drafters only."""
+    return kernels().draft_attention(query.contiguous(), key, value, query.shape[-1] ** -0.5)

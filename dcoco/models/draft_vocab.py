@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -27,7 +28,6 @@ from torch import Tensor, nn
 
 from dcoco.errors import DcocoError
 from dcoco.models.copy_hints import NO_HINT
-from dcoco.models.int4_groups import int4_linear
 from dcoco.models.packed_linear import PackedLinear, onednn_available
 
 # beside the checkpoints, in checkpoints/<target>/ (a ranking is not a checkpoint)
@@ -118,11 +118,12 @@ class DraftVocab:
     Not an nn.Module on purpose: a drafter holding one keeps it out of its state_dict."""
 
     def __init__(self, head: nn.Module, token_ids: Tensor, vocab_size: int, dtype: torch.dtype,
-                 int4: bool = False):  # fmt: skip
-        """`int4`: the rows as int4 groups (dcoco.models.int4_groups, `--draft-dtype int4`)."""
+                 product: Callable[[Tensor], nn.Module] | None = None):  # fmt: skip
+        """`product`: the layer the rows run on (`--draft-dtype int4 | w4a8`,
+        dcoco.decode.draft_precision.drafter_product); None: a dense copy."""
         self.token_ids = token_ids.sort().values  # [N]: columns keep the vocab's order
         rows = head_rows(head, self.token_ids, _in_features(head), dtype).to(dtype)
-        self.head = int4_linear(rows) if int4 else _dense_head(rows)
+        self.head = product(rows) if product is not None else _dense_head(rows)
         self.dtype = dtype
         column_of = torch.full((vocab_size,), NO_HINT, dtype=torch.long, device=rows.device)
         column_of[self.token_ids] = torch.arange(len(self.token_ids), device=rows.device)

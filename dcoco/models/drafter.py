@@ -24,7 +24,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, rot
 
 from dcoco.models.cache import cache_length, crop_cache, new_cache
 from dcoco.models.copy_hints import add_copy_bonus
-from dcoco.models.draft_pass import DraftPass
+from dcoco.models.draft_pass import DraftPass, Product
 from dcoco.models.draft_vocab import DraftVocab
 from dcoco.models.drafter_config import DrafterConfig, check_self_consistent
 
@@ -281,16 +281,16 @@ class BlockDrafter(nn.Module):
         on; None: through the module's forward."""
         self._fast = () if draft_pass is None else (draft_pass,)
 
-    def use_draft_vocab(self, token_ids: Tensor | None, int4: bool = False) -> None:
-        """Draft over the LM head's rows of `token_ids` only (None: every row) from now on, as
-        int4 groups with `int4` (dcoco.models.int4_groups)."""
+    def use_draft_vocab(self, token_ids: Tensor | None, product: Product | None = None) -> None:
+        """Draft over the LM head's rows of `token_ids` only (None: every row) from now on, on
+        `product`'s layer (a weight -> a layer; None: the rows as they are)."""
         if token_ids is None:
             self.draft_vocab = None
             return
         head, device = self._shared[1], self.norm.weight.device
         vocab_size = self.config.vocab_size
         self.draft_vocab = DraftVocab(
-            head, token_ids.to(device), vocab_size, self._head_dtype, int4
+            head, token_ids.to(device), vocab_size, self._head_dtype, product
         )
 
     def token_ids(self, columns: Tensor) -> Tensor:

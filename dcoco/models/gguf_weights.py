@@ -116,9 +116,12 @@ def int4_rows(rows: Tensor, weight_int4: Tensor, scales_and_zeros: Tensor) -> Te
     )
 
 
-def load_gguf_linears(model: nn.Module, gguf_path: Path) -> dict[str, int]:
-    """Replace each linear layer of `model` that the GGUF at `gguf_path` ships as Q4_1 by an
-    Int4GroupLinear over the file's own codes; returns {tensor type: count} of what ran natively.
+def load_gguf_linears(
+    model: nn.Module, gguf_path: Path, layer: type[Int4GroupLinear] = Int4GroupLinear
+) -> dict[str, int]:
+    """Replace each linear layer of `model` that the GGUF at `gguf_path` ships as Q4_1 by a
+    `layer` (an Int4GroupLinear, or dtype gguf-a8's dcoco.models.int4_dot.Int4DotLinear) over
+    the file's own codes; returns {tensor type: count} of what ran natively.
     Layers that read one input (q/k/v, gate/up) run as one product (dcoco.models.shared_input).
 
     Every replaced layer is checked against the weight `model` already holds (the same file
@@ -145,13 +148,14 @@ def load_gguf_linears(model: nn.Module, gguf_path: Path) -> dict[str, int]:
         codes_of[path] = (codes, scale, zero, linear.bias)
     if not codes_of:
         raise DcocoError(f"{gguf_path.name} has no Q4_1 linear layers for dtype gguf; use bf16")
-    install_int4(model, codes_of)
+    install_int4(model, codes_of, layer)
     return {"Q4_1": len(codes_of)}
 
 
-def install_int4(model: nn.Module, codes_of: dict) -> None:
+def install_int4(model: nn.Module, codes_of: dict,
+                 layer: type[Int4GroupLinear] = Int4GroupLinear) -> None:  # fmt: skip
     """Set each module path of `codes_of` ({path: (codes, scale, zero, bias)}) to its int4
-    layer, fusing the groups of SHARED_INPUT whose members are all there and bias-free."""
+    `layer`, fusing the groups of SHARED_INPUT whose members are all there and bias-free."""
     fused: set[str] = set()
     for path in codes_of:
         block, _, name = path.rpartition(".")
@@ -162,14 +166,14 @@ def install_int4(model: nn.Module, codes_of: dict) -> None:
         if any(codes_of[m][3] is not None for m in members):
             continue
         stacked = [torch.cat([codes_of[m][i] for m in members]) for i in range(3)]
-        product = SharedProduct(Int4GroupLinear(*stacked), len(members))
+        product = SharedProduct(layer(*stacked), len(members))
         widths = [codes_of[m][0].shape[0] for m in members]
         for member, piece in zip(members, slices(product, widths), strict=True):
             model.set_submodule(member, piece)
         fused.update(members)
     for path, (codes, scale, zero, bias) in codes_of.items():
         if path not in fused:
-            model.set_submodule(path, Int4GroupLinear(codes, scale, zero, bias))
+            model.set_submodule(path, layer(codes, scale, zero, bias))
 
 
 def dequantise(codes: Tensor, scale: Tensor, zero: Tensor) -> Tensor:

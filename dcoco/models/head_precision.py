@@ -22,7 +22,7 @@ from dcoco.errors import DcocoError
 from dcoco.models.packed_linear import PackedLinear, native_bf16, onednn_available
 
 HEAD_DTYPES = ("auto", "target", "fp32")
-HALF_PRECISIONS = ("bf16", "fp16", "gguf")  # gguf's head is its dequantised Q8_0 in bf16
+HALF_PRECISIONS = ("bf16", "fp16", "gguf", "gguf-a8")  # gguf's head: its dequantised Q8_0, bf16
 
 
 def check_head_dtype(name: str) -> str:

@@ -207,8 +207,9 @@ def _rotated_qkv(calls: _LayerCalls, hidden: Tensor, rotary: _Rotary, head_dim: 
 
 def _rows(module: nn.Module) -> Callable[[Tensor], Tensor]:
     """`module`'s product over rows [tokens, in]: the int4 kernel itself for a bias-free
-    Int4GroupLinear (the step's most frequent call), else the module's forward."""
-    if isinstance(module, Int4GroupLinear) and module.bias is None:
+    Int4GroupLinear (the step's most frequent call), else the module's forward (gguf-a8's
+    Int4DotLinear calls its kernel from there)."""
+    if type(module) is Int4GroupLinear and module.bias is None:
         weight, scales = module.weight_int4, module.scales_and_zeros
         return lambda rows: int4_rows(rows, weight, scales)
     return module.forward

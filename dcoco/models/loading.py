@@ -19,10 +19,16 @@ from pathlib import Path
 import torch
 
 from dcoco.errors import DcocoError
-from dcoco.models.gguf_weights import load_gguf_linears
+from dcoco.models.gguf_weights import Int4GroupLinear, load_gguf_linears
 from dcoco.models.head_precision import install_head
+from dcoco.models.int4_dot import Int4DotLinear, int4_dot_available
 from dcoco.models.packed_linear import pack_linears, resolve_matmul
-from dcoco.models.precision import load_dtype, quantise_int8_weights, resolve_attention
+from dcoco.models.precision import (
+    GGUF_PRECISIONS,
+    load_dtype,
+    quantise_int8_weights,
+    resolve_attention,
+)
 from dcoco.models.rowwise_attention import hf_attention
 from dcoco.models.target import TargetModel
 from dcoco.paths import cache_dir
@@ -78,8 +84,8 @@ def load_target(
     matmul: str = "aten",
     head_dtype: str = "target",
 ):
-    """Load `spec` as a TargetModel on `device` (CUDA when present, else CPU), at precision
-    `dtype` (dcoco.models.precision: bf16 | fp32 | fp16 | int8 | gguf) with the `attention`
+    """Load `spec` as a TargetModel on `device` (CUDA when present, else CPU), at precision `dtype`
+    (dcoco.models.precision: bf16 | fp32 | fp16 | int8 | gguf | gguf-a8) with the `attention`
     kernel and the `matmul` kernel of its linear layers (dcoco.models.packed_linear: aten, the
     default, trains; onednn decodes faster on CPU and has no backward), and the LM head at
     `head_dtype` (dcoco.models.head_precision: target | fp32).
@@ -107,8 +113,8 @@ def load_target(
     model = model.to(torch_device)
     if dtype == "int8":
         quantise_int8_weights(model)
-    if dtype == "gguf":
-        load_gguf_linears(model, gguf_file(spec))
+    if dtype in GGUF_PRECISIONS:
+        load_gguf_linears(model, gguf_file(spec), gguf_layer(dtype))
     install_head(model, head_dtype)  # before packing: its fp32 copy is packed already
     if matmul == "onednn":
         pack_linears(model)
@@ -116,6 +122,16 @@ def load_target(
     return TargetModel(
         model, tokenizer, name=name, precision=dtype, attention=kernel, matmul=matmul
     )
+
+
+def gguf_layer(dtype: str) -> type[Int4GroupLinear]:
+    """The int4 layer of a gguf precision: gguf-a8's needs the w4a8 kernel (AVX-512 VNNI)."""
+    if dtype == "gguf":
+        return Int4GroupLinear
+    if not int4_dot_available():
+        raise DcocoError("dtype gguf-a8 needs AVX-512 VNNI and the fused CPU kernels built "
+                         "(dcoco.models.cpu_kernels); use gguf")  # fmt: skip
+    return Int4DotLinear
 
 
 def gguf_file(spec: str) -> Path:

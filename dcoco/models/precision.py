@@ -25,7 +25,11 @@ from dcoco.errors import DcocoError
 LOAD_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 # the same dtypes as Hugging Face configs and vLLM's --dtype spell them
 HF_DTYPE_NAMES = {name: str(dtype).removeprefix("torch.") for name, dtype in LOAD_DTYPES.items()}
-PRECISIONS = (*LOAD_DTYPES, "int8", "gguf")  # gguf: dcoco.models.gguf_weights
+# the target's GGUF codes: with bf16 activations (dcoco.models.gguf_weights) or with its steps' and
+# verifies' rows rounded to int8 per 32 inputs, as llama.cpp runs them (dcoco.models.int4_dot)
+GGUF_PRECISIONS = ("gguf", "gguf-a8")
+PRECISIONS = (*LOAD_DTYPES, "int8", *GGUF_PRECISIONS)
+WEIGHT_FORMATS = ("int8", *GGUF_PRECISIONS)  # our weight-only formats, which transformers lacks
 ATTENTIONS = ("auto", "eager", "sdpa", "rowwise")  # rowwise: dcoco.models.rowwise_attention
 
 
@@ -36,8 +40,8 @@ def check_precision(name: str) -> str:
 
 
 def load_dtype(precision: str) -> torch.dtype:
-    """The dtype the checkpoint is loaded in: int8 quantises from bf16 and gguf runs its codes with
-    bf16 activations."""
+    """The dtype the checkpoint is loaded in: int8 quantises from bf16, and the gguf precisions run
+    their codes with bf16 activations (gguf-a8 rounds a step's to int8 inside its products)."""
     return LOAD_DTYPES.get(check_precision(precision), torch.bfloat16)
 
 

@@ -1,0 +1,81 @@
+"""Int4 layers whose few-row products take int8 activations (`--draft-dtype w4a8`, drafters).
+
+torch's CPU int4 kernel turns each 4-bit weight into fp32 and multiplies it by each row in fp32:
+on a 2-core Zen 4 EPYC the drafter's 16,000-row int4 head took 257 µs for one row, compute-bound,
+and the kernel pays per block of 4 rows, so a draft of 5-7 slots cost half again one of 4.
+llama.cpp instead rounds the activations to int8 per 32 inputs and sums byte products in int32,
+64 a VNNI instruction. int4_dot.cpp does that for up to 8 rows at a time, on the same codes, scales
+and zeros as an Int4GroupLinear (the weights are the same; only the rows are rounded: x ≈ a·xq
+with a = max|x| / 127 per 32 inputs, and Σ x kept exact for the zero points).
+
+Only drafters use it: a draft is a proposal that the target verifies, so rounding the drafter's
+activations changes which tokens are proposed, never the output (its τ cost is measured in
+docs/results.md). It needs AVX-512 VNNI (Zen 4, Xeons since Cascade Lake); elsewhere, and for
+batched or training inputs, the layer is an Int4GroupLinear on torch's kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from dcoco.models import cpu_kernels
+from dcoco.models.gguf_weights import GROUP, Int4GroupLinear
+from dcoco.models.int4_groups import quantise_int4
+from dcoco.models.rowwise_attention import MAX_ROWWISE_QUERIES
+
+LANES = 16  # outputs per block: one AVX-512 register of int32 sums
+MAX_ROWS = MAX_ROWWISE_QUERIES  # steps, verifies, drafts; prefills take the int4 layer's path
+
+
+def int4_dot_available() -> bool:
+    """Whether the int8-activation kernel was built here (AVX-512 VNNI and a compiler)."""
+    built = cpu_kernels.kernels()
+    return built is not None and built.int4_dot_available()
+
+
+def pack(codes: Tensor, scale: Tensor, zero: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """codes [out, in] (0..15), scale and zero [out, in / 32] (w = (q - 8)·scale + zero) -> the
+    kernel's weights [out / 16, in / 8, 16, 4] uint8, scales and zeros [out / 16, in / 32, 16]
+    fp16 and offsets (128·Σ(q - 8) per group, -32768..28672, same shape, int16); `out` padded to
+    a multiple of 16 with zero rows."""
+    out_features, in_features = codes.shape
+    pad = (0, 0, 0, -out_features % LANES)
+    codes = F.pad(codes.to(torch.int32), pad, value=8)  # padded rows: weights 0
+    scale, zero = F.pad(scale.half(), pad), F.pad(zero.half(), pad)
+    blocks, groups = codes.shape[0] // LANES, in_features // GROUP
+    offsets = (128 * (codes - 8).view(-1, groups, GROUP).sum(-1)).to(torch.int16)
+    # [blocks, lane, in / 8, 2 (low nibbles: inputs k..k+3, high: k+4..k+7), 4]
+    split = codes.to(torch.uint8).view(blocks, LANES, in_features // 8, 2, 4)
+    weights = (split[:, :, :, 0] | (split[:, :, :, 1] << 4)).transpose(1, 2).contiguous()
+    per_group = [t.view(blocks, LANES, groups).transpose(1, 2).contiguous()
+                 for t in (scale, zero, offsets)]  # fmt: skip
+    return weights, *per_group
+
+
+class Int4DotLinear(Int4GroupLinear):
+    """An Int4GroupLinear whose products of up to 16 rows round the rows to int8 per 32 inputs
+    and run on int4_dot.cpp; longer inputs (prefills) and training take its own paths."""
+
+    def __init__(self, codes: Tensor, scale: Tensor, zero: Tensor, bias: Tensor | None = None):
+        super().__init__(codes, scale, zero, bias)
+        names = ("weights", "scales", "zeros", "offsets")
+        for name, packed in zip(names, pack(codes, scale, zero), strict=True):
+            self.register_buffer(f"dot_{name}", packed)
+
+    def forward(self, x: Tensor) -> Tensor:  # [..., in] -> [..., out] bf16
+        rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)
+        if rows.shape[0] > MAX_ROWS or x.requires_grad:
+            return super().forward(x)
+        out = cpu_kernels.kernels().int4_dot(
+            rows, self.dot_weights, self.dot_scales, self.dot_zeros, self.dot_offsets
+        )
+        out = out if out.shape[1] == self.out_features else out[:, : self.out_features]
+        out = out if self.bias is None else out + self.bias
+        return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
+
+
+def w4a8_linear(weight: Tensor) -> Int4DotLinear:
+    """A bias-free Int4DotLinear holding `weight` [out, in] quantised (quantise_int4)."""
+    return Int4DotLinear(*quantise_int4(weight))

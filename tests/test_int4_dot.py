@@ -1,0 +1,101 @@
+"""The w4a8 products (dcoco.models.int4_dot): the packing holds the int4 layer's weights, the
+kernel computes the int8-rounded rows' product as a reference written with torch does, each row
+alone, and the layer keeps torch's int4 kernel where the kernel does not serve."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dcoco.models import int4_dot
+from dcoco.models.cpu_info import cpu_info
+from dcoco.models.cpu_kernels import kernels
+from dcoco.models.gguf_weights import GROUP, Int4GroupLinear, dequantise
+from dcoco.models.int4_dot import LANES, Int4DotLinear, int4_dot_available, pack, w4a8_linear
+from dcoco.models.int4_groups import quantise_int4
+
+needs_kernel = pytest.mark.skipif(not int4_dot_available(), reason="no AVX-512 VNNI build here")
+
+
+def layer_weights(out_features: int, in_features: int, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    return quantise_int4(torch.randn(out_features, in_features, generator=generator) * 0.05)
+
+
+def unpack(weights, scales, zeros, offsets):
+    """The packed layout read back: codes [out, in], scale and zero [out, in / 32], offsets."""
+    blocks, eighths = weights.shape[:2]
+    low, high = (weights & 0x0F).int(), (weights >> 4).int()  # [blocks, in / 8, lane, 4]
+    codes = torch.stack([low, high], dim=3).permute(0, 2, 1, 3, 4).reshape(blocks * LANES, -1)
+    per_output = [t.transpose(1, 2).reshape(blocks * LANES, -1) for t in (scales, zeros, offsets)]
+    assert codes.shape[1] == eighths * 8
+    return codes, *per_output
+
+
+def reference(x, codes, scale, zero):
+    """The kernel's arithmetic in torch: rows rounded to int8 per group, exact integer sums."""
+    rows, groups = x.shape[0], x.shape[1] // GROUP
+    values = x.float().view(rows, groups, GROUP)
+    amax = values.abs().amax(-1)
+    inverse = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    rounded = torch.round(values * inverse[..., None])  # half to even, as nearbyint
+    centred = (codes.float() - 8).view(codes.shape[0], groups, GROUP)
+    dots = torch.einsum("rgi,ngi->rng", rounded, centred)  # exact: |sum| < 2^15
+    scale, zero = scale.half().float(), zero.half().float()
+    return (dots * scale * (amax / 127)[:, None]).sum(-1) + values.sum(-1) @ zero.T
+
+
+def test_packing_keeps_every_weight_and_pads_whole_blocks():
+    codes, scale, zero = layer_weights(40, 64)
+    weights, scales, zeros, offsets = pack(codes, scale, zero)
+    assert weights.shape == (3, 64 // 8, LANES, 4) and scales.shape == (3, 64 // GROUP, LANES)
+    read_codes, read_scale, read_zero, read_offsets = unpack(weights, scales, zeros, offsets)
+    assert torch.equal(read_codes[:40], codes)
+    assert torch.equal(read_codes[40:], torch.full((8, 64), 8, dtype=torch.int32))  # weights 0
+    assert torch.equal(read_scale[:40], scale.half()) and torch.equal(read_zero[:40], zero.half())
+    sums = (codes - 8).view(40, -1, GROUP).sum(-1)
+    assert torch.equal(read_offsets[:40].int(), 128 * sums)
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 3, 8, 11])
+def test_the_kernel_computes_the_rounded_rows_product(rows):
+    codes, scale, zero = layer_weights(48, 96, seed=rows)
+    x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(1)).bfloat16()
+    x[0, :GROUP] = 0  # a group of zeros rounds to scale 0
+    w4a8 = Int4DotLinear(codes, scale, zero)(x)
+    assert w4a8.dtype == torch.bfloat16 and w4a8.shape == (rows, 48)
+    expected = reference(x, codes, scale, zero)
+    # fp32 sums in another order, then one bf16 rounding
+    assert torch.allclose(w4a8.float(), expected, rtol=2**-7, atol=1e-3)
+    exact = x.float() @ dequantise(codes, scale, zero).T
+    assert (w4a8.float() - exact).norm() / exact.norm() < 0.015  # the int8 rows' rounding
+
+
+@needs_kernel
+def test_each_row_is_computed_alone():
+    layer = w4a8_linear(torch.randn(32, 64) * 0.05)
+    x = torch.randn(12, 64).bfloat16()
+    together = layer(x)
+    for row in range(12):
+        assert torch.equal(layer(x[row : row + 1])[0], together[row])
+
+
+@needs_kernel
+def test_prefills_and_training_take_the_int4_layers_paths():
+    codes, scale, zero = layer_weights(32, 64)
+    layer, int4 = Int4DotLinear(codes, scale, zero), Int4GroupLinear(codes, scale, zero)
+    batched = torch.randn(2, 3, 64).bfloat16()  # a few rows in any shape: the kernel
+    assert torch.equal(layer(batched), layer(batched.view(6, 64)).view(2, 3, 32))
+    assert not torch.equal(layer(batched), int4(batched))
+    prefill = torch.randn(1, int4_dot.MAX_ROWS + 1, 64).bfloat16()
+    assert torch.equal(layer(prefill), int4(prefill))
+    learning = batched.float().requires_grad_()
+    assert torch.equal(layer(learning), int4(learning))
+
+
+def test_a_vnni_machine_builds_the_kernel():
+    flags = cpu_info().flags
+    if kernels() is None or not {"avx512_vnni", "avx512bw"} <= flags:
+        pytest.skip("the fused kernels did not build, or this CPU has no AVX-512 VNNI")
+    assert int4_dot_available()
