@@ -65,14 +65,17 @@ class Int4GroupLinear(nn.Module):
         self.out_features, self.in_features = codes.shape  # codes: [out, in]
         if not int4_packable(self.in_features):
             raise DcocoError(f"int4 packing needs in_features divisible by 32 ({codes.shape})")
-        packed = torch._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), INNER_K_TILES)
-        self.register_buffer("weight_int4", packed)
+        self.register_buffer("weight_int4", self._int4_pack(codes))
         # [groups, out, 2]: the kernel's layout
         scales_and_zeros = torch.stack([scale.T, zero.T], dim=-1).to(torch.bfloat16).contiguous()
         self.register_buffer("scales_and_zeros", scales_and_zeros)
         self.register_buffer("bias", None if bias is None else bias.detach().to(torch.bfloat16))
         self.prefill = _prefill_linear(codes, scales_and_zeros)
         self.prefill_dtype = self.prefill.weight.dtype  # packing drops the module's .weight
+
+    def _int4_pack(self, codes: Tensor) -> Tensor | None:
+        """The codes in torch's int4 kernel's layout (None where a subclass runs another)."""
+        return torch._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), INNER_K_TILES)
 
     def forward(self, x: Tensor) -> Tensor:  # [..., in] -> [..., out]
         if x.dim() == 2 and x.shape[0] <= MAX_ROWWISE_QUERIES and self.bias is None:

@@ -56,7 +56,8 @@ def pack(codes: Tensor, scale: Tensor, zero: Tensor) -> tuple[Tensor, Tensor, Te
 
 class Int4DotLinear(Int4GroupLinear):
     """An Int4GroupLinear whose products of up to 16 rows round the rows to int8 per 32 inputs
-    and run on int4_dot.cpp; longer inputs (prefills) and training take its own paths."""
+    and run on int4_dot.cpp; longer inputs (prefills) take its dequantised copy as before. It
+    keeps no copy in torch's int4 layout: nothing here reads one."""
 
     def __init__(self, codes: Tensor, scale: Tensor, zero: Tensor, bias: Tensor | None = None):
         super().__init__(codes, scale, zero, bias)
@@ -64,10 +65,13 @@ class Int4DotLinear(Int4GroupLinear):
         for name, packed in zip(names, pack(codes, scale, zero), strict=True):
             self.register_buffer(f"dot_{name}", packed)
 
+    def _int4_pack(self, codes: Tensor) -> None:
+        return None
+
     def forward(self, x: Tensor) -> Tensor:  # [..., in] -> [..., out] bf16
         rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)
-        if rows.shape[0] > MAX_ROWS or x.requires_grad:
-            return super().forward(x)
+        if rows.shape[0] > MAX_ROWS:
+            return super().forward(x)  # a prefill: the dequantised copy
         out = cpu_kernels.kernels().int4_dot(
             rows, self.dot_weights, self.dot_scales, self.dot_zeros, self.dot_offsets
         )
