@@ -15,8 +15,9 @@ as int4 groups (dcoco.models.int4_groups) on the CPU's int4 kernel: 2-core EPYC,
 (scripts/reproduce/draft_pass_cost.py). So `auto` is int4 there, for drafters whose layers the
 kernel takes (every input width a multiple of 32). Where the CPU also has AVX-512 VNNI and the
 fused kernels build, `auto` is w4a8 (dcoco.models.int4_dot: the same int4 weights, the few rows
-of a draft rounded to int8 per 32 inputs and summed in int32, as llama.cpp does): k = 4 drafts
-2.74 -> 1.73 ms in the same process on that EPYC. Elsewhere (AMX, where bf16 products run on
+of a draft rounded to int8 per 32 inputs and summed in int32, as llama.cpp does): 4 drafts 2.05 ->
+1.61 ms and 7 drafts 3.34 -> 2.30 ms on that EPYC, τ unchanged (scripts/reproduce/w4a8_cost.py,
+docs/results.md). Elsewhere (AMX, where bf16 products run on
 tiles; CUDA) it is the target's dtype. Drafts are proposals: the target still verifies every token,
 so the output is the same; only which tokens get proposed may change, as between any two precisions
 (τ at 4 and 7 drafts moved by 0.01-0.02 between bf16 and int4, docs/results.md).

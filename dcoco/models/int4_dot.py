@@ -1,4 +1,5 @@
-"""Int4 layers whose few-row products take int8 activations (`--draft-dtype w4a8`, drafters).
+"""Int4 layers whose few-row products take int8 activations: `--draft-dtype w4a8` for drafters,
+dtype `gguf-a8` for the target.
 
 torch's CPU int4 kernel turns each 4-bit weight into fp32 and multiplies it by each row in fp32:
 on a 2-core Zen 4 EPYC the drafter's 16,000-row int4 head took 257 µs for one row, compute-bound,
@@ -8,10 +9,13 @@ llama.cpp instead rounds the activations to int8 per 32 inputs and sums byte pro
 and zeros as an Int4GroupLinear (the weights are the same; only the rows are rounded: x ≈ a·xq
 with a = max|x| / 127 per 32 inputs, and Σ x kept exact for the zero points).
 
-Only drafters use it: a draft is a proposal that the target verifies, so rounding the drafter's
-activations changes which tokens are proposed, never the output (its τ cost is measured in
-docs/results.md). It needs AVX-512 VNNI (Zen 4, Xeons since Cascade Lake); elsewhere, and for
-batched or training inputs, the layer is an Int4GroupLinear on torch's kernel.
+For a drafter, rounding its activations changes which tokens are proposed, never the output (τ
+did not move, docs/results.md). For the target it is another precision, as llama.cpp's own
+arithmetic is: each row is rounded and summed alone, so a verify's rows equal the steps they
+replace and greedy output equals plain decoding's at gguf-a8. Prefills (more than 16 rows) take
+the dequantised copy, as at gguf. It needs AVX-512 VNNI (Zen 4, Xeons since Cascade Lake) and
+the fused kernels built; where it is missing `auto` keeps int4 and gguf, and naming w4a8 or
+gguf-a8 fails with one line.
 """
 
 from __future__ import annotations
