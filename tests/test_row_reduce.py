@@ -4,7 +4,16 @@ equal top-k values, indices that hold those values."""
 import pytest
 import torch
 
+from dcoco.models import row_reduce
 from dcoco.models.row_reduce import GROUP, row_argmax, row_topk
+
+
+@pytest.fixture(params=["fused", "grouped"])
+def path(request, monkeypatch):
+    """Each test of row_argmax twice: the fused kernel where it builds, and the group maxima."""
+    if request.param == "grouped":
+        monkeypatch.setattr(row_reduce, "_fused_argmax", lambda rows: False)
+    return request.param
 
 
 def _rows(shape, dtype, seed=0):
@@ -14,12 +23,12 @@ def _rows(shape, dtype, seed=0):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("columns", [16000, 49152, 16000 + 37])
-def test_argmax_equals_torch(dtype, columns):
+def test_argmax_equals_torch(path, dtype, columns):
     rows = _rows((3, 5, columns), dtype)
     assert torch.equal(row_argmax(rows), rows.argmax(dim=-1))
 
 
-def test_argmax_takes_the_first_of_tied_maxima():
+def test_argmax_takes_the_first_of_tied_maxima(path):
     rows = torch.zeros(4, 8 * GROUP)
     rows[:, 3 * GROUP + 5] = 2.0  # a later group holds the same maximum as an earlier column
     rows[0, 7] = 2.0
@@ -31,10 +40,21 @@ def test_argmax_takes_the_first_of_tied_maxima():
     assert torch.equal(rows.argmax(dim=-1), expected)
 
 
-def test_bf16_ties_agree_with_torch():
+def test_bf16_ties_agree_with_torch(path):
     # bf16 logits tie often: 8 bits of mantissa over thousands of columns
     rows = _rows((64, 16000), torch.float32, seed=1).round().bfloat16()
     assert torch.equal(row_argmax(rows), rows.argmax(dim=-1))
+
+
+def test_argmax_of_nan_inf_short_and_strided_rows_equals_torch(path):
+    rows = _rows((6, 3 * GROUP + 9), torch.float32, seed=2)
+    rows[0, 100], rows[0, 7] = float("nan"), float("nan")  # the first NaN wins
+    rows[1, 50], rows[1, 300] = float("inf"), float("inf")
+    rows[2] = float("-inf")
+    rows[2, 200] = float("nan")
+    wide = _rows((4, 3 * GROUP), torch.float32, seed=3)
+    for case in (rows, rows.bfloat16(), rows[:, :13], wide[:, : GROUP + 3], wide.T[:5]):
+        assert torch.equal(row_argmax(case), case.argmax(dim=-1))
 
 
 @pytest.mark.parametrize("k", [1, 4, 16])

@@ -32,8 +32,8 @@ CURVE_TOKENS = 16  # the least a curve covers, so one measurement serves every d
 # before it are measured again (2: rowwise's fp32 product for half-precision rows on AVX2 CPUs;
 # 3: decoding calls through dcoco.models.layer_loop; 4: the fp32 product on every CPU without AMX;
 # 5: that product's K/V cached in fp32; 6: fused CPU kernels for norms and rotary, and whether
-# they built here, dcoco.models.cpu_kernels; 7: w4a8 products, dcoco.models.int4_dot, and the
-# drafter's C++ attention).
+# they built here, dcoco.models.cpu_kernels; 7: w4a8 products, dcoco.models.int4_dot, the
+# drafter's C++ attention and the fused row argmax).
 KERNELS = 7
 
 

@@ -8,7 +8,14 @@
 
 #include <torch/extension.h>
 
+#include <ATen/Parallel.h>
+
 #include <cmath>
+#include <limits>
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -121,6 +128,82 @@ torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos,
   return out;
 }
 
+namespace {
+
+// The first index of a row's maximum, as torch.argmax picks it (a NaN counts as the maximum, so
+// the first NaN wins).
+template <typename T>
+int64_t argmax_row(const T* row, int64_t n) {
+  float best = -std::numeric_limits<float>::infinity();
+  int64_t at = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float value = static_cast<float>(row[i]);
+    if (std::isnan(value)) return i;
+    if (value > best) {
+      best = value;
+      at = i;
+    }
+  }
+  return at;
+}
+
+#ifdef __AVX512F__
+inline __m512 load16(const float* at, __mmask16 mask) { return _mm512_maskz_loadu_ps(mask, at); }
+inline __m512 load16(const bf16* at, __mmask16 mask) {
+  const __m256i raw = _mm256_maskz_loadu_epi16(mask, at);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// The row's maximum 16 lanes at a time, then the first index holding it; a row with a NaN, or
+// whose maximum is -inf, takes the scalar scan.
+template <typename T>
+int64_t argmax_row_fast(const T* row, int64_t n) {
+  const __m512 lowest = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 best = lowest;
+  __mmask16 nan = 0;
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 mask = n - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 value = _mm512_mask_mov_ps(lowest, mask, load16(row + i, mask));
+    nan |= _mm512_cmp_ps_mask(value, value, _CMP_UNORD_Q);
+    best = _mm512_max_ps(best, value);
+  }
+  const float top = _mm512_reduce_max_ps(best);
+  if (nan || top == -std::numeric_limits<float>::infinity()) return argmax_row(row, n);
+  const __m512 wanted = _mm512_set1_ps(top);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 mask = n - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 hit = _mm512_mask_cmp_ps_mask(mask, load16(row + i, mask), wanted, _CMP_EQ_OQ);
+    if (hit) return i + __builtin_ctz(hit);
+  }
+  return 0;
+}
+#else
+template <typename T>
+int64_t argmax_row_fast(const T* row, int64_t n) {
+  return argmax_row(row, n);
+}
+#endif
+
+}  // namespace
+
+// x [rows, n] fp32 or bf16, rows contiguous -> int64 [rows]: torch.argmax(x, -1).
+torch::Tensor row_argmax(const torch::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.size(1) > 0 && x.stride(1) == 1, "rows [rows, n] expected");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+              "fp32 or bf16 rows expected");
+  auto out = torch::empty({x.size(0)}, x.options().dtype(at::kLong));
+  int64_t* index = out.data_ptr<int64_t>();
+  const int64_t n = x.size(1), stride = x.stride(0);
+  at::parallel_for(0, x.size(0), 1, [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) {
+      index[r] = x.scalar_type() == at::kFloat
+                     ? argmax_row_fast(x.data_ptr<float>() + r * stride, n)
+                     : argmax_row_fast(x.data_ptr<bf16>() + r * stride, n);
+    }
+  });
+  return out;
+}
+
 // int4_dot.cpp, built into the same module
 bool int4_dot_available();
 torch::Tensor int4_dot(const torch::Tensor& x, const torch::Tensor& weights,
@@ -134,6 +217,7 @@ torch::Tensor draft_attention(const torch::Tensor& query, const torch::Tensor& k
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm of bf16 rows");
+  m.def("row_argmax", &row_argmax, "argmax of fp32 or bf16 rows, as torch.argmax");
   m.def("rotate", &rotate, "rotary embedding of bf16 heads, optionally RMS-normed first");
   m.def("int4_dot_available", &int4_dot_available, "whether int4_dot was built (AVX-512 VNNI)");
   m.def("int4_dot", &int4_dot, "rows times 4-bit codes, the rows rounded to int8 per 32 inputs");

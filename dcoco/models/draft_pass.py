@@ -5,8 +5,8 @@ fixed cost of its calls: transformers' norms take 8 operators each, RoPE 7 per t
 v, gate and up are five products. This pass reads the drafter's weights once into fused products
 (q|k|v over the context and block rows together, gate|up over the block) and runs each norm as
 its own four operators, q's and k's per-head norms as one, and the rotation of q and k as one
-roll against a signed sine table made once a pass; the last layer runs the mask slots' rows only
-(the anchor's output there is never read). With the same weights its keys and values are
+roll against signed sine tables made once for many passes; the last layer runs the mask slots'
+rows only (the anchor's output there is never read). With the same weights its keys and values are
 bit-equal to the module's, and its hidden states equal up to the rounding of products over fewer
 rows (tests/test_draft_pass.py). 2-core AMD EPYC (Zen 4), bf16, a block of 8 after 300 tokens:
 4.6 -> 3.5 ms a draft of 3 (scripts/reproduce/draft_pass_cost.py).
@@ -80,6 +80,7 @@ class DraftPass(nn.Module):
         device = self.norm.device
         half = torch.arange(0, config.head_dim, 2, dtype=torch.float32, device=device)
         self.inv_freq = 1.0 / config.rope_theta ** (half / config.head_dim)  # [head_dim / 2]
+        self._tables: dict[torch.dtype, tuple[Tensor, Tensor]] = {}  # dtype -> cos, signed sin
 
     def _product(self, layer: nn.Module, rows: Tensor) -> Tensor:
         # its forward, not __call__: no hooks are ever set on these, and a pass makes ten calls;
@@ -90,11 +91,18 @@ class DraftPass(nn.Module):
     def _rotary(self, start: int, stop: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos and the signed sin [positions, 1, head_dim] for positions start..stop-1, as the
         drafter's tables round them; x cos + roll(x, half) signed_sin = x cos + rotate_half(x)
-        sin exactly (a sign flip commutes with rounding)."""
-        positions = torch.arange(start, stop, device=self.inv_freq.device, dtype=torch.float32)
-        angles = positions[:, None] * self.inv_freq  # [positions, head_dim / 2]
-        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
-        return torch.cat([cos, cos], -1)[:, None], torch.cat([-sin, sin], -1)[:, None]
+        sin exactly (a sign flip commutes with rounding). Slices of tables made once for twice
+        the positions asked (each position's values are its own: the same numbers as made per
+        pass, without the ~8 operators a pass)."""
+        tables = self._tables.get(dtype)
+        if tables is None or tables[0].shape[0] < stop:
+            positions = torch.arange(0, max(2 * stop, 1024), dtype=torch.float32,
+                                     device=self.inv_freq.device)  # fmt: skip
+            angles = positions[:, None] * self.inv_freq  # [positions, head_dim / 2]
+            cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+            tables = torch.cat([cos, cos], -1)[:, None], torch.cat([-sin, sin], -1)[:, None]
+            self._tables[dtype] = tables
+        return tables[0][start:stop], tables[1][start:stop]
 
     def forward(self, block: Tensor, context: Tensor, cache: DynamicCache) -> Tensor:
         """block [rows, hidden] (embedded ids, the anchor first), context [tokens, taps * hidden]

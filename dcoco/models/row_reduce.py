@@ -26,11 +26,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dcoco.models import cpu_kernels
+
 GROUP = 128  # columns per group: the cheapest of 32-256 for 16,000 and 49,152 columns (model 207)
 
 
 def row_argmax(rows: Tensor) -> Tensor:
-    """argmax over the last dim of rows [..., N] (int64 [...]), equal to `rows.argmax(-1)`."""
+    """argmax over the last dim of rows [..., N] (int64 [...]), equal to `rows.argmax(-1)`.
+    fp32 and bf16 CPU rows take the fused kernel where it built (one pass for the maximum, one
+    for its first index: 3 rows of 16,000 fp32 ~5 µs against 50-90 µs here, Zen 4 EPYC)."""
+    if _fused_argmax(rows):
+        flat = rows.reshape(-1, rows.shape[-1])
+        return cpu_kernels.kernels().row_argmax(flat).view(rows.shape[:-1])
     columns = rows.shape[-1]
     if columns < 4 * GROUP or rows.numel() == 0:
         return rows.argmax(dim=-1)
@@ -57,6 +64,14 @@ def row_topk(rows: Tensor, k: int) -> tuple[Tensor, Tensor]:
     indices = chosen.gather(1, top.indices // GROUP) * GROUP + top.indices % GROUP
     shape = (*rows.shape[:-1], k)
     return top.values.view(shape), indices.view(shape)
+
+
+def _fused_argmax(rows: Tensor) -> bool:
+    if rows.dtype not in (torch.float32, torch.bfloat16) or rows.device.type != "cpu":
+        return False
+    if rows.requires_grad or rows.numel() == 0 or rows.stride(-1) != 1:
+        return False
+    return cpu_kernels.kernels() is not None
 
 
 def _grouped(rows: Tensor) -> Tensor:
