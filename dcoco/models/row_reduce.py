@@ -31,11 +31,13 @@ from dcoco.models import cpu_kernels
 GROUP = 128  # columns per group: the cheapest of 32-256 for 16,000 and 49,152 columns (model 207)
 
 
-def row_argmax(rows: Tensor) -> Tensor:
+def row_argmax(rows: Tensor, fused: bool = True) -> Tensor:
     """argmax over the last dim of rows [..., N] (int64 [...]), equal to `rows.argmax(-1)`.
-    fp32 and bf16 CPU rows take the fused kernel where it built (one pass for the maximum, one
-    for its first index: 3 rows of 16,000 fp32 ~5 µs against 50-90 µs here, Zen 4 EPYC)."""
-    if _fused_argmax(rows):
+    With `fused`, fp32 and bf16 CPU rows take the fused kernel where it builds (one pass for the
+    maximum, one for its first index: 3 rows of 16,000 fp32 in 9.7 µs against 60 µs by group
+    maxima and 41-54 µs by torch's argmax, Zen 4 EPYC); the vLLM plugin passes False (no kernel
+    build inside a serving worker)."""
+    if fused and _fused_argmax(rows):
         flat = rows.reshape(-1, rows.shape[-1])
         return cpu_kernels.kernels().row_argmax(flat).view(rows.shape[:-1])
     columns = rows.shape[-1]

@@ -150,7 +150,9 @@ class DcocoDFlashForCausalLM(DFlashQwen3ForCausalLM):
         logits, chosen = self._draft(hidden_states)
         if chosen is not None:
             return chosen
-        columns = row_argmax(logits)  # [rows] draft-vocabulary columns, or token ids
+        # [rows] draft-vocabulary columns, or token ids; the group maxima, as before the fused
+        # kernels: nothing compiles inside a serving worker
+        columns = row_argmax(logits, fused=False)
         return columns if self._column_ids is None else self._column_ids[columns]
 
     def sample_drafts(
