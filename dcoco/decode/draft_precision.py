@@ -17,10 +17,10 @@ kernel takes (every input width a multiple of 32). Where the CPU also has AVX-51
 fused kernels build, `auto` is w4a8 (dcoco.models.int4_dot: the same int4 weights, the few rows
 of a draft rounded to int8 per 32 inputs and summed in int32, as llama.cpp does): 4 drafts 2.05 ->
 1.61 ms and 7 drafts 3.34 -> 2.30 ms on that EPYC, τ unchanged (scripts/reproduce/w4a8_cost.py,
-docs/results.md). Elsewhere (AMX, where bf16 products run on
-tiles; CUDA) it is the target's dtype. Drafts are proposals: the target still verifies every token,
-so the output is the same; only which tokens get proposed may change, as between any two precisions
-(τ at 4 and 7 drafts moved by 0.01-0.02 between bf16 and int4, docs/results.md).
+docs/results.md). Elsewhere (AMX, where bf16 products run on tiles; CUDA) it is the target's
+dtype. Drafts are proposals: the target still verifies every token, so the output is the same;
+only which tokens get proposed may change, as between any two precisions (τ at 4 and 7 drafts
+moved by 0.01-0.02 between bf16 and int4, docs/results.md).
 
 `--draft-block drafted` (the default) runs the anchor and the slots this cycle drafts, not the
 whole block, as vLLM runs DFlash when it drafts fewer tokens than the block holds; the slots see
@@ -132,9 +132,8 @@ def pack_drafter(drafter: BlockDrafter, target: TargetModel,
                  product: Product | None = None) -> BlockDrafter:  # fmt: skip
     """The drafter's decoding pass (dcoco.models.draft_pass) from its weights: `product`'s layers
     (drafter_product), else its dtype's, on oneDNN's prepacked kernel where the target's are, or
-    where the
-    drafter runs apart from the target in a dtype oneDNN takes (the draft heads keep reading the
-    module's weights, which stay as they are)."""
+    where the drafter runs apart from the target in a dtype oneDNN takes (the draft heads keep
+    reading the module's weights, which stay as they are)."""
     draft_pass = DraftPass(drafter, product or dense_product)
     apart = drafter.dtype != target.dtype and target.device.type == "cpu"
     if target.matmul == "onednn" or (apart and onednn_available(drafter.dtype)):

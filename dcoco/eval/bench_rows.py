@@ -89,7 +89,7 @@ def row_precision(row: BenchRow, config: DecodeConfig) -> str:
     if row.method == "llama-cpp":
         return LlamaCppPeer.precision
     if row.method in PEER_METHODS and not row.dtype and config.dtype in WEIGHT_FORMATS:
-        return "bf16"  # transformers runs neither of our weight-only formats
+        return "bf16"  # transformers runs none of our weight-only formats
     return row.dtype or setting_label(config.dtype, config.head_dtype)
 
 
