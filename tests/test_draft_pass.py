@@ -17,6 +17,7 @@ from dcoco.decode.draft_precision import check_draft_block, drafter_product
 from dcoco.decode.engine import Engine
 from dcoco.decode.methods import MethodOptions, build_proposer
 from dcoco.errors import DcocoError
+from dcoco.models import int4_dot
 from dcoco.models.draft_pass import DraftPass
 from dcoco.models.drafter import BlockDrafter
 from dcoco.models.drafter_config import DrafterConfig
@@ -156,7 +157,8 @@ def test_bad_settings_fail_clearly(monkeypatch):
     # widths the int4 kernel does not pack: auto falls back, int4 says why
     monkeypatch.setattr(draft_precision, "native_bf16", lambda: True)
     monkeypatch.setattr(draft_precision, "amx_bf16", lambda: False)
-    monkeypatch.setattr(draft_precision, "int4_dot_available", lambda: False)
+    for module in (draft_precision, int4_dot):  # auto's choice, and the check w4a8 makes
+        monkeypatch.setattr(module, "int4_dot_available", lambda: False)
     assert drafter_product("auto", target, config) is int4_linear
     odd = dataclasses.replace(config, intermediate_size=120)
     assert drafter_product("auto", target, odd) is None
@@ -165,6 +167,7 @@ def test_bad_settings_fail_clearly(monkeypatch):
     # w4a8 where its kernel built (auto picks it), a clear line where it did not
     with pytest.raises(DcocoError, match="w4a8 needs AVX-512 VNNI"):
         drafter_product("w4a8", target, config)
-    monkeypatch.setattr(draft_precision, "int4_dot_available", lambda: True)
+    for module in (draft_precision, int4_dot):
+        monkeypatch.setattr(module, "int4_dot_available", lambda: True)
     assert drafter_product("auto", target, config) is w4a8_linear
     assert drafter_product("int4", target, config) is int4_linear

@@ -39,7 +39,7 @@ from dcoco.models.drafter_config import DrafterConfig
 from dcoco.models.drafter_io import load_drafter
 from dcoco.models.gguf_weights import GROUP, int4_packable
 from dcoco.models.head_precision import Fp32Head, head_copy
-from dcoco.models.int4_dot import int4_dot_available, w4a8_linear
+from dcoco.models.int4_dot import int4_dot_available, require_int4_dot, w4a8_linear
 from dcoco.models.int4_groups import int4_linear
 from dcoco.models.packed_linear import amx_bf16, native_bf16, onednn_available, pack_linears
 from dcoco.models.target import TargetModel
@@ -116,9 +116,8 @@ def drafter_product(name: str, target: TargetModel, config: DrafterConfig) -> Pr
         return None
     if target.device.type != "cpu":
         raise DcocoError(f"--draft-dtype {setting} runs on the CPU's int4 kernels: use it on a CPU")
-    if setting == "w4a8" and not int4_dot_available():
-        raise DcocoError("--draft-dtype w4a8 needs AVX-512 VNNI and the fused CPU kernels built "
-                         "(dcoco.models.cpu_kernels); use --draft-dtype int4")  # fmt: skip
+    if setting == "w4a8":
+        require_int4_dot("--draft-dtype w4a8", "--draft-dtype int4")
     widths = (config.hidden_size, config.intermediate_size, config.num_taps * config.hidden_size)
     if all(int4_packable(width) for width in widths):
         return QUANTISED[setting]

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -28,6 +27,7 @@ from torch import Tensor, nn
 
 from dcoco.errors import DcocoError
 from dcoco.models.copy_hints import NO_HINT
+from dcoco.models.draft_pass import Product
 from dcoco.models.packed_linear import PackedLinear, onednn_available
 
 # beside the checkpoints, in checkpoints/<target>/ (a ranking is not a checkpoint)
@@ -118,7 +118,7 @@ class DraftVocab:
     Not an nn.Module on purpose: a drafter holding one keeps it out of its state_dict."""
 
     def __init__(self, head: nn.Module, token_ids: Tensor, vocab_size: int, dtype: torch.dtype,
-                 product: Callable[[Tensor], nn.Module] | None = None):  # fmt: skip
+                 product: Product | None = None):  # fmt: skip
         """`product`: the layer the rows run on (`--draft-dtype int4 | w4a8`,
         dcoco.decode.draft_precision.drafter_product); None: a dense copy."""
         self.token_ids = token_ids.sort().values  # [N]: columns keep the vocab's order

@@ -29,7 +29,7 @@ namespace {
 
 constexpr int64_t GROUP = 32;
 constexpr int64_t LANES = 16;
-constexpr int MAX_ROWS = 8;
+constexpr int ROWS_PER_PASS = 8;  // rows sharing one unpacking of a weight block
 
 // Rows rounded to int8 per group: codes [rows, in], scale a and fp32 sum per [rows, groups].
 struct QuantisedRows {
@@ -117,7 +117,7 @@ void block_rows(const uint8_t* weights, const at::Half* scales, const at::Half* 
 
 using BlockRows = void (*)(const uint8_t*, const at::Half*, const at::Half*, const int16_t*,
                            const QuantisedRows&, int64_t, int64_t, float*);
-constexpr BlockRows BY_ROWS[MAX_ROWS] = {block_rows<1>, block_rows<2>, block_rows<3>,
+constexpr BlockRows BY_ROWS[ROWS_PER_PASS] = {block_rows<1>, block_rows<2>, block_rows<3>,
                                          block_rows<4>, block_rows<5>, block_rows<6>,
                                          block_rows<7>, block_rows<8>};
 #endif
@@ -160,11 +160,11 @@ torch::Tensor int4_dot(const torch::Tensor& x, const torch::Tensor& weights,
   const int16_t* o = offsets.data_ptr<int16_t>();
   c10::BFloat16* y = out.data_ptr<c10::BFloat16>();
   at::parallel_for(0, blocks, 8, [&](int64_t first, int64_t last) {
-    float results[MAX_ROWS * LANES];
+    float results[ROWS_PER_PASS * LANES];
     for (int64_t b = first; b < last; ++b) {
       const int64_t at = b * per_block;
-      for (int64_t row0 = 0; row0 < rows; row0 += MAX_ROWS) {
-        const int count = static_cast<int>(std::min<int64_t>(MAX_ROWS, rows - row0));
+      for (int64_t row0 = 0; row0 < rows; row0 += ROWS_PER_PASS) {
+        const int count = static_cast<int>(std::min<int64_t>(ROWS_PER_PASS, rows - row0));
         BY_ROWS[count - 1](w + b * in * 8, s + at, z + at, o + at, q, in, row0, results);
         for (int r = 0; r < count; ++r) {
           for (int64_t n = 0; n < LANES; ++n) {

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dcoco.errors import DcocoError
 from dcoco.models import cpu_kernels
 from dcoco.models.gguf_weights import GROUP, Int4GroupLinear
 from dcoco.models.int4_groups import quantise_int4
@@ -37,6 +38,13 @@ def int4_dot_available() -> bool:
     """Whether the int8-activation kernel was built here (AVX-512 VNNI and a compiler)."""
     built = cpu_kernels.kernels()
     return built is not None and built.int4_dot_available()
+
+
+def require_int4_dot(setting: str, instead: str) -> None:
+    """One error line where `setting` (a dtype naming this kernel) cannot run: use `instead`."""
+    if not int4_dot_available():
+        raise DcocoError(f"{setting} needs AVX-512 VNNI and the fused CPU kernels built "
+                         f"(dcoco.models.cpu_kernels); use {instead}")  # fmt: skip
 
 
 def pack(codes: Tensor, scale: Tensor, zero: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:

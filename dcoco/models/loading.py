@@ -21,7 +21,7 @@ import torch
 from dcoco.errors import DcocoError
 from dcoco.models.gguf_weights import Int4GroupLinear, load_gguf_linears
 from dcoco.models.head_precision import install_head
-from dcoco.models.int4_dot import Int4DotLinear, int4_dot_available
+from dcoco.models.int4_dot import Int4DotLinear, require_int4_dot
 from dcoco.models.packed_linear import pack_linears, resolve_matmul
 from dcoco.models.precision import (
     GGUF_PRECISIONS,
@@ -128,9 +128,7 @@ def gguf_layer(dtype: str) -> type[Int4GroupLinear]:
     """The int4 layer of a gguf precision: gguf-a8's needs the w4a8 kernel (AVX-512 VNNI)."""
     if dtype == "gguf":
         return Int4GroupLinear
-    if not int4_dot_available():
-        raise DcocoError("dtype gguf-a8 needs AVX-512 VNNI and the fused CPU kernels built "
-                         "(dcoco.models.cpu_kernels); use gguf")  # fmt: skip
+    require_int4_dot("dtype gguf-a8", "gguf")
     return Int4DotLinear
 
 
