@@ -162,13 +162,20 @@ def test_copy_hints_survive_a_checkpoint_round_trip(tiny_llama_target, tmp_path,
         torch.testing.assert_close(loaded.state_dict()[name], weight, rtol=0, atol=0)
 
 
-def test_copy_bonus_lands_on_the_hint_column_only():
-    logits = torch.zeros(2, 3, 6)
-    hints = torch.tensor([[4, NO_HINT, 0], [NO_HINT, NO_HINT, 5]])
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_copy_bonus_lands_on_the_hint_column_only(fused, dtype):
+    logits = torch.randn(2, 3, 40).to(dtype)
+    hints = torch.tensor([[4, NO_HINT, 0], [NO_HINT, NO_HINT, 39]])
     bonus = torch.tensor([[1.5, 2.0, -1.0], [3.0, 3.0, 0.5]])
-    expected = torch.zeros(2, 3, 6)
-    expected[0, 0, 4], expected[0, 2, 0], expected[1, 2, 5] = 1.5, -1.0, 0.5
-    assert torch.equal(add_copy_bonus(logits, bonus, hints), expected)
+    expected = logits.float().clone()
+    expected[0, 0, 4] += 1.5
+    expected[0, 2, 0] -= 1.0
+    expected[1, 2, 39] += 0.5
+    before = logits.clone()
+    out = add_copy_bonus(logits, bonus, hints, fused=fused)
+    assert out.dtype == torch.float32 and torch.equal(out, expected)
+    assert torch.equal(logits, before)  # the input is left as it was
 
 
 def test_a_new_copy_gate_changes_nothing_and_then_learns(tiny_llama_target):

@@ -126,26 +126,36 @@ def test_off_switch_and_a_failed_build_keep_the_operators(monkeypatch, capsys):
         cpu_kernels.kernels.cache_clear()  # the next caller builds (or loads) them again
 
 
-@pytest.mark.parametrize("rows, keys", [(1, 5), (6, 17), (15, 307)])
-def test_draft_attention_is_softmax_attention(fused, rows, keys):
-    """The draft pass's attention: SDPA's result within its own bf16 error, keys read in place
-    from a cache's larger buffer; any rows (blocks of 4) and keys (16-wide tails)."""
-    generator = torch.Generator().manual_seed(rows)
-    query = torch.randn(1, 3, rows, 64, generator=generator).to(BF16)
+@pytest.mark.parametrize("queries, keys", [(1, 5), (2, 17), (5, 307)])
+def test_draft_attention_is_softmax_attention(fused, queries, keys):
+    """The draft pass's attention: SDPA's result within its own bf16 error, 9 query heads over 3
+    kv heads read in place (a strided view of q|k, keys from a cache's larger buffer); any rows
+    (blocks of 4) and keys (16-wide tails)."""
+    generator = torch.Generator().manual_seed(queries)
+    qk = torch.randn(queries, 12, 64, generator=generator).to(BF16)
+    query = qk[:, :9]  # [queries, q heads, 64], strided as the draft pass hands it over
     room = torch.randn(2, 1, 3, 2 * keys, 64, generator=generator).to(BF16)
     key, value = room[0, :, :, :keys], room[1, :, :, :keys]  # strided, as the cache holds them
     if not fused.attends(query, key):
         pytest.skip("no AVX-512 bf16: the draft pass keeps SDPA")
     out = fused.draft_attention(query, key, value)
-    exact = F.scaled_dot_product_attention(query.float(), key.float(), value.float())
-    sdpa = F.scaled_dot_product_attention(query, key, value)
-    assert out.dtype == BF16 and out.shape == query.shape
+    # query head h reads kv head h // 3
+    grouped = query.transpose(0, 1)[None]  # [1, 9, queries, 64]
+    keys_per_head = key.repeat_interleave(3, dim=1)
+    values_per_head = value.repeat_interleave(3, dim=1)
+    exact = F.scaled_dot_product_attention(
+        grouped.float(), keys_per_head.float(), values_per_head.float()
+    )
+    sdpa = F.scaled_dot_product_attention(grouped, keys_per_head, values_per_head)
+    assert out.dtype == BF16 and out.shape == (queries, 9 * 64)
+    exact, sdpa = (t[0].transpose(0, 1).reshape(queries, -1) for t in (exact, sdpa))
     ours, theirs = (out.float() - exact).abs().max(), (sdpa.float() - exact).abs().max()
     assert ours <= 1.5 * theirs + 1e-3
 
 
 def test_draft_attention_serves_bf16_heads_of_64_outside_autograd(fused):
-    query, key = torch.randn(1, 3, 4, 64).to(BF16), torch.randn(1, 3, 9, 64).to(BF16)
+    query, key = torch.randn(4, 6, 64).to(BF16), torch.randn(1, 3, 9, 64).to(BF16)
     assert not fused.attends(query.float(), key.float())
     assert not fused.attends(query[..., :32], key[..., :32])
+    assert not fused.attends(query[:, :4], key)  # 4 query heads do not group over 3
     assert not fused.attends(query.requires_grad_(), key)

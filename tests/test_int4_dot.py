@@ -6,12 +6,20 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from dcoco.models import int4_dot
 from dcoco.models.cpu_info import cpu_info
 from dcoco.models.cpu_kernels import kernels
 from dcoco.models.gguf_weights import GROUP, Int4GroupLinear, dequantise
-from dcoco.models.int4_dot import LANES, Int4DotLinear, int4_dot_available, pack, w4a8_linear
+from dcoco.models.int4_dot import (
+    LANES,
+    Int4DotLinear,
+    fuses_mlp,
+    int4_dot_available,
+    pack,
+    w4a8_linear,
+)
 from dcoco.models.int4_groups import quantise_int4
 
 needs_kernel = pytest.mark.skipif(not int4_dot_available(), reason="no AVX-512 VNNI build here")
@@ -22,12 +30,12 @@ def layer_weights(out_features: int, in_features: int, seed: int = 0):
     return quantise_int4(torch.randn(out_features, in_features, generator=generator) * 0.05)
 
 
-def unpack(weights, scales, zeros, offsets):
-    """The packed layout read back: codes [out, in], scale and zero [out, in / 32], offsets."""
+def unpack(weights, scales, zeros):
+    """The packed layout read back: codes [out, in], scale and zero [out, in / 32]."""
     blocks, eighths = weights.shape[:2]
     low, high = (weights & 0x0F).int(), (weights >> 4).int()  # [blocks, in / 8, lane, 4]
     codes = torch.stack([low, high], dim=3).permute(0, 2, 1, 3, 4).reshape(blocks * LANES, -1)
-    per_output = [t.transpose(1, 2).reshape(blocks * LANES, -1) for t in (scales, zeros, offsets)]
+    per_output = [t.transpose(1, 2).reshape(blocks * LANES, -1) for t in (scales, zeros)]
     assert codes.shape[1] == eighths * 8
     return codes, *per_output
 
@@ -47,14 +55,12 @@ def reference(x, codes, scale, zero):
 
 def test_packing_keeps_every_weight_and_pads_whole_blocks():
     codes, scale, zero = layer_weights(40, 64)
-    weights, scales, zeros, offsets = pack(codes, scale, zero)
+    weights, scales, zeros = pack(codes, scale, zero)
     assert weights.shape == (3, 64 // 8, LANES, 4) and scales.shape == (3, 64 // GROUP, LANES)
-    read_codes, read_scale, read_zero, read_offsets = unpack(weights, scales, zeros, offsets)
+    read_codes, read_scale, read_zero = unpack(weights, scales, zeros)
     assert torch.equal(read_codes[:40], codes)
     assert torch.equal(read_codes[40:], torch.full((8, 64), 8, dtype=torch.int32))  # weights 0
     assert torch.equal(read_scale[:40], scale.half()) and torch.equal(read_zero[:40], zero.half())
-    sums = (codes - 8).view(40, -1, GROUP).sum(-1)
-    assert torch.equal(read_offsets[:40].int(), 128 * sums)
 
 
 @needs_kernel
@@ -73,12 +79,43 @@ def test_the_kernel_computes_the_rounded_rows_product(rows):
 
 
 @needs_kernel
+def test_fp32_rows_are_rounded_as_their_values_are():
+    codes, scale, zero = layer_weights(48, 96)
+    layer = Int4DotLinear(codes, scale, zero)
+    x = torch.randn(5, 96).bfloat16()
+    assert torch.equal(layer(x.float()), layer(x))  # the same values, read from either dtype
+    uneven = torch.randn(3, 96)
+    uneven[0, 0], uneven[1, 40] = 1e4, -1e-4  # one input dwarfs its group; one group all tiny
+    uneven[1, 32:64] *= 1e-6
+    expected = reference(uneven, codes, scale, zero)
+    assert torch.allclose(layer(uneven).float(), expected, rtol=2**-7, atol=1e-3)
+
+
+@needs_kernel
 def test_each_row_is_computed_alone():
     layer = w4a8_linear(torch.randn(32, 64) * 0.05)
     x = torch.randn(12, 64).bfloat16()
     together = layer(x)
     for row in range(12):
         assert torch.equal(layer(x[row : row + 1])[0], together[row])
+
+
+@needs_kernel
+def test_the_fused_mlp_equals_its_operators():
+    width, n = 96, 64
+    gate_up, down = (
+        w4a8_linear(torch.randn(2 * width, n) * 0.1),
+        w4a8_linear(torch.randn(n, width) * 0.1),
+    )
+    assert fuses_mlp(gate_up, down) and not fuses_mlp(gate_up, torch.nn.Linear(width, n))
+    norm = (1 + 0.1 * torch.randn(n)).bfloat16()
+    hidden = torch.randn(7, n).bfloat16()
+    gate, up = gate_up(kernels().rms_norm(hidden, norm, 1e-5)).split(width, dim=-1)
+    expected = hidden + down(F.silu(gate) * up)
+    fused = int4_dot.mlp(hidden, norm, 1e-5, gate_up, down, width)
+    # silu's exp may round a value to the neighbouring bf16 (vector_math.h); nothing else differs
+    assert (fused != expected).float().mean() < 0.01
+    assert torch.allclose(fused.float(), expected.float(), rtol=2**-6, atol=2**-6)
 
 
 @needs_kernel

@@ -33,8 +33,9 @@ CURVE_TOKENS = 16  # the least a curve covers, so one measurement serves every d
 # 3: decoding calls through dcoco.models.layer_loop; 4: the fp32 product on every CPU without AMX;
 # 5: that product's K/V cached in fp32; 6: fused CPU kernels for norms and rotary, and whether
 # they built here, dcoco.models.cpu_kernels; 7: w4a8 products, dcoco.models.int4_dot, the
-# drafter's C++ attention and the fused row argmax).
-KERNELS = 7
+# drafter's C++ attention and the fused row argmax; 8: w4a8 rows rounded in C++ from bf16,
+# the drafter's MLP in one call, its attention reading grouped heads in place, the copy bonus).
+KERNELS = 8
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ the same cache. `--json` prints one object whose curves map token counts ("1".."
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass
 
 import torch
@@ -93,8 +94,7 @@ def run(config: ProfileConfig) -> int:
     target, curve = default_target
     report["default"] = {"setting": curve.setting, "methods": {}}
     options = MethodOptions(compile_head=config.compile_head)
-    for method in methods:
-        report["default"]["methods"][method] = _method_costs(target, curve, method, options)
+    report["default"]["methods"] = _method_costs(target, curve, methods, options)
     print(json.dumps(report, indent=1) if config.json else _tables(report))
     return 0
 
@@ -128,14 +128,36 @@ def _resolved(matmul: str, dtype: str, config: ProfileConfig) -> str:
         return "aten"
 
 
-def _method_costs(target, curve: CostCurve, method: str, options: MethodOptions) -> dict:
-    """The method's draft and correction ms per number of slots, and the k auto starts with."""
-    proposer = build_proposer(method, target, options)
-    if proposer is None:
-        raise DcocoError(f"{method} drafts nothing: profile a drafter method")
-    draft_ms, correct_ms = {}, {}
-    for slots in range(1, proposer.num_draft_tokens + 1):
-        draft_ms[str(slots)], correct_ms[str(slots)] = measure_draft(target, proposer, slots)
+def _method_costs(target, curve: CostCurve, methods: list[str], options: MethodOptions,
+                  rounds: int = 5) -> dict:  # fmt: skip
+    """{method: its draft and correction ms per number of slots, the k auto starts with}: every
+    method and slot count timed in turn, `rounds` times (medians), so that a slower minute of
+    the machine hits them alike rather than one slot count."""
+    proposers = {method: build_proposer(method, target, options) for method in methods}
+    for method, proposer in proposers.items():
+        if proposer is None:
+            raise DcocoError(f"{method} drafts nothing: profile a drafter method")
+    samples: dict = {
+        (m, k): [] for m, p in proposers.items() for k in range(1, p.num_draft_tokens + 1)
+    }
+    for _ in range(rounds):
+        for method, slots in samples:
+            samples[method, slots].append(
+                measure_draft(target, proposers[method], slots, repeats=3)
+            )
+    costs = {}
+    for method, proposer in proposers.items():
+        draft_ms, correct_ms = {}, {}
+        for slots in range(1, proposer.num_draft_tokens + 1):
+            drafts, corrects = zip(*samples[method, slots], strict=True)
+            draft_ms[str(slots)] = round(statistics.median(drafts), 2)
+            correct_ms[str(slots)] = round(statistics.median(corrects), 2)
+        costs[method] = _costs(proposer, curve, draft_ms, correct_ms)
+    return costs
+
+
+def _costs(proposer, curve: CostCurve, draft_ms: dict, correct_ms: dict) -> dict:
+    """A method's report entry from its measured ms, with the k auto starts with."""
     most = str(proposer.num_draft_tokens)
     policy = DraftLengthPolicy(
         curve,

@@ -11,6 +11,7 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #ifdef __AVX512F__
@@ -204,11 +205,49 @@ torch::Tensor row_argmax(const torch::Tensor& x) {
   return out;
 }
 
+// logits [rows, n] fp32 or bf16 (rows contiguous) -> an fp32 copy [rows, n] with bonus[r] (fp32)
+// added at column columns[r] (int64; negative: none): the copy gate's add_copy_bonus in one call.
+torch::Tensor copy_bonus(const torch::Tensor& logits, const torch::Tensor& bonus,
+                         const torch::Tensor& columns) {
+  TORCH_CHECK(logits.dim() == 2 && logits.stride(1) == 1, "logits [rows, n] expected");
+  TORCH_CHECK(logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kBFloat16,
+              "fp32 or bf16 logits expected");
+  const int64_t rows = logits.size(0), n = logits.size(1), stride = logits.stride(0);
+  TORCH_CHECK(bonus.scalar_type() == at::kFloat && bonus.is_contiguous() && bonus.numel() == rows &&
+                  columns.scalar_type() == at::kLong && columns.is_contiguous() &&
+                  columns.numel() == rows,
+              "bonus fp32 [rows] and columns int64 [rows] expected");
+  auto out = torch::empty({rows, n}, logits.options().dtype(at::kFloat));
+  float* y = out.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    if (logits.scalar_type() == at::kFloat) {
+      std::memcpy(y + r * n, logits.data_ptr<float>() + r * stride, n * sizeof(float));
+    } else {
+      const bf16* row = logits.data_ptr<bf16>() + r * stride;
+      int64_t i = 0;
+#ifdef __AVX512F__
+      for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + r * n + i, load16(row + i, 0xFFFF));
+#endif
+      for (; i < n; ++i) y[r * n + i] = row[i];
+    }
+    const int64_t column = columns.data_ptr<int64_t>()[r];
+    TORCH_CHECK(column < n, "a hint column past the logits");
+    if (column >= 0) y[r * n + column] += bonus.data_ptr<float>()[r];
+  }
+  return out;
+}
+
 // int4_dot.cpp, built into the same module
 bool int4_dot_available();
 torch::Tensor int4_dot(const torch::Tensor& x, const torch::Tensor& weights,
-                       const torch::Tensor& scales, const torch::Tensor& zeros,
-                       const torch::Tensor& offsets);
+                       const torch::Tensor& scales, const torch::Tensor& zeros);
+
+// w4a8_mlp.cpp, built into the same module
+torch::Tensor w4a8_mlp(const torch::Tensor& hidden, const torch::Tensor& norm, double eps,
+                       const torch::Tensor& gate_up_weights, const torch::Tensor& gate_up_scales,
+                       const torch::Tensor& gate_up_zeros, const torch::Tensor& down_weights,
+                       const torch::Tensor& down_scales, const torch::Tensor& down_zeros,
+                       int64_t width);
 
 // draft_attention.cpp, built into the same module
 bool draft_attention_available();
@@ -218,9 +257,11 @@ torch::Tensor draft_attention(const torch::Tensor& query, const torch::Tensor& k
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm of bf16 rows");
   m.def("row_argmax", &row_argmax, "argmax of fp32 or bf16 rows, as torch.argmax");
+  m.def("copy_bonus", &copy_bonus, "fp32 logits with the copy gate's bonus at each row's hint");
   m.def("rotate", &rotate, "rotary embedding of bf16 heads, optionally RMS-normed first");
   m.def("int4_dot_available", &int4_dot_available, "whether int4_dot was built (AVX-512 VNNI)");
   m.def("int4_dot", &int4_dot, "rows times 4-bit codes, the rows rounded to int8 per 32 inputs");
+  m.def("w4a8_mlp", &w4a8_mlp, "a drafter layer's MLP on int4_dot products, with its norm");
   m.def("draft_attention_available", &draft_attention_available,
         "whether draft_attention was built (AVX-512 bf16)");
   m.def("draft_attention", &draft_attention, "a draft's few query rows over all keys, no mask");

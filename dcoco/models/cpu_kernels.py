@@ -4,8 +4,8 @@ A gguf step of SmolLM2 on a 2-core EPYC spends about as long in ~1,600 small ope
 rotary, their dtype casts) as in its products: an RMSNorm of one row is 10 operators and 15 µs,
 the same arithmetic in one C++ call a few µs. This module compiles cpu_kernels.cpp (RMSNorm,
 rotary with an optional per-head norm first, and a row argmax equal to torch.argmax), with
-int4_dot.cpp (dcoco.models.int4_dot) and draft_attention.cpp (the drafter's attention), once per
-machine (-march=native, OpenMP) with torch's extension builder into
+int4_dot.cpp and w4a8_mlp.cpp (dcoco.models.int4_dot) and draft_attention.cpp (the drafter's
+attention), once per machine (-march=native, OpenMP) with torch's extension builder into
 $DCOCO_CACHE_DIR/cpu-kernels/, and serves them for CPU tensors outside autograd. Where it cannot
 build (no C++ compiler, no ninja) or DCOCO_CPU_KERNELS=off, callers keep PyTorch's operators,
 after one line on stderr.
@@ -31,8 +31,9 @@ from torch import Tensor
 from dcoco.models.cpu_info import cpu_info
 from dcoco.paths import cache_dir
 
-KERNEL_FILES = ("cpu_kernels.cpp", "int4_dot.cpp", "draft_attention.cpp")
+KERNEL_FILES = ("cpu_kernels.cpp", "int4_dot.cpp", "w4a8_mlp.cpp", "draft_attention.cpp")
 SOURCES = [Path(__file__).with_name(name) for name in KERNEL_FILES]
+HEADERS = [Path(__file__).with_name("vector_math.h")]  # included by the sources: in the digest
 # -fopenmp: at::parallel_for is inline OpenMP, one thread without it (torch's own backend)
 FLAGS = ["-O3", "-march=native", "-fopenmp"]
 SWITCH = "DCOCO_CPU_KERNELS"  # `off`: PyTorch's operators only
@@ -43,7 +44,7 @@ def kernels() -> ModuleType | None:
     """The compiled kernels, built on first use; None where they are off or cannot build."""
     if os.environ.get(SWITCH, "on").lower() in ("off", "0", "false"):
         return None
-    sources = b"".join(source.read_bytes() for source in SOURCES)
+    sources = b"".join(source.read_bytes() for source in SOURCES + HEADERS)
     digest = hashlib.sha256(sources + _build_key()).hexdigest()[:12]
     build = cache_dir() / "cpu-kernels" / digest
     try:
@@ -100,17 +101,21 @@ def rotate(x: Tensor, cos: Tensor, signed_sin: Tensor, norm: Tensor | None = Non
 
 
 def attends(query: Tensor, key: Tensor) -> bool:
-    """Whether draft_attention serves `query` [1, heads, rows, 64] over `key` (the same, any row
-    stride): bf16 on a CPU outside autograd, built here with AVX-512 bf16."""
+    """Whether draft_attention serves `query` [queries, q_heads, 64] over `key` [1, kv_heads,
+    keys, 64] (rows of 64 contiguous, any strides): bf16 on a CPU outside autograd, built here
+    with AVX-512 bf16."""
     if query.dtype != torch.bfloat16 or key.dtype != torch.bfloat16 or query.requires_grad:
         return False
-    if query.device.type != "cpu" or query.dim() != 4 or query.shape[-1] != 64:
+    if query.device.type != "cpu" or query.dim() != 3 or query.shape[-1] != 64:
+        return False
+    if key.dim() != 4 or query.shape[1] % key.shape[1] or query.stride(-1) != 1:
         return False
     built = kernels()
     return built is not None and built.draft_attention_available()
 
 
 def draft_attention(query: Tensor, key: Tensor, value: Tensor) -> Tensor:
-    """softmax(q kᵀ / √64) v without a mask, for a draft's few query rows (attends() holds);
-    not bit-equal to SDPA (dcoco/models/draft_attention.cpp): drafters only."""
-    return kernels().draft_attention(query.contiguous(), key, value, query.shape[-1] ** -0.5)
+    """softmax(q kᵀ / √64) v without a mask, for a draft's few query rows (attends() holds), each
+    query head over its kv head (grouped-query) -> [queries, q_heads * 64]; not bit-equal to
+    SDPA (dcoco/models/draft_attention.cpp): drafters only."""
+    return kernels().draft_attention(query, key, value, query.shape[-1] ** -0.5)

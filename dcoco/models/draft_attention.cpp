@@ -3,10 +3,11 @@
 //
 // A draft pass attends 4-24 query rows per kv head to a few hundred keys, without a mask; at that
 // size SDPA's CPU kernel spends most of its 50-170 µs on set-up. Here, per kv head and block of up
-// to 4 queries: scores with AVX-512 bf16 dot products (vdpbf16ps: bf16 pairs multiplied exactly,
-// summed in fp32) times the scale, a softmax in fp32 (exp by a degree-6 polynomial and scalef,
-// relative error ~1e-7), then the values in fp32, rounded to bf16 once at the end. Not bit-equal to
-// SDPA (another order of sums): for the drafter only, whose tokens the target verifies.
+// to 4 query rows of its query heads (grouped-query attention read in place: the q|k|v product's
+// view in, the o product's rows out, no regrouping copies around the call): scores with AVX-512 bf16 dot products (vdpbf16ps: bf16 pairs multiplied exactly,
+// summed in fp32) times the scale, a softmax in fp32 (exp by vector_math.h's polynomial,
+// relative error ~1e-7), then the values in fp32, rounded to bf16 once at the end. Not bit-equal
+// to SDPA (another order of sums): for the drafter only, whose tokens the target verifies.
 
 #include <torch/extension.h>
 
@@ -15,43 +16,26 @@
 #include <algorithm>
 #include <vector>
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
-#include <immintrin.h>
+#include "vector_math.h"
+
+#ifdef DCOCO_VECTOR_MATH
 #define DCOCO_DRAFT_ATTENTION 1
 #endif
 
 namespace {
 
 #ifdef DCOCO_DRAFT_ATTENTION
+using dcoco_vector::widen;
 constexpr int QUERIES = 4;  // query rows sharing each key's and value's loads
 constexpr int HEAD_DIM = 64;
 constexpr int CHUNKS = HEAD_DIM / 16;  // fp32 registers per row
 
-// e^x for x <= 0 (a score minus its row's max): 2^n · p(f), x = n·ln2 + f, |f| <= ln2 / 2.
-inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-88.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  f = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), f);
-  __m512 p = _mm512_set1_ps(1.0f / 720);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
-
-inline __m512 widen(const c10::BFloat16* at) {  // 16 bf16 -> 16 fp32
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
+// One kv head's keys and values, and up to QUERIES query rows (of its query heads) to attend.
 struct Head {
-  const c10::BFloat16 *query, *key, *value;
+  const c10::BFloat16 *key, *value;
   int64_t keys, key_stride, value_stride;
+  const c10::BFloat16* query[QUERIES];
+  c10::BFloat16* out[QUERIES];
 };
 
 // Softmax of `scores` [count] in place; returns 1 / its sum.
@@ -62,14 +46,14 @@ float softmax_row(float* scores, int64_t count) {
   __m512 total = _mm512_setzero_ps();
   int64_t j = 0;
   for (; j + 16 <= count; j += 16) {
-    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(scores + j), shift));
+    const __m512 e = dcoco_vector::exp(_mm512_sub_ps(_mm512_loadu_ps(scores + j), shift));
     _mm512_storeu_ps(scores + j, e);
     total = _mm512_add_ps(total, e);
   }
   if (j < count) {
     const __mmask16 tail = static_cast<__mmask16>((1u << (count - j)) - 1);
     const __m512 x = _mm512_maskz_sub_ps(tail, _mm512_maskz_loadu_ps(tail, scores + j), shift);
-    const __m512 e = _mm512_maskz_mov_ps(tail, exp_nonpositive(x));
+    const __m512 e = _mm512_maskz_mov_ps(tail, dcoco_vector::exp(x));
     _mm512_mask_storeu_ps(scores + j, tail, e);
     total = _mm512_add_ps(total, e);
   }
@@ -77,12 +61,11 @@ float softmax_row(float* scores, int64_t count) {
 }
 
 // Query rows [first, first + rows) of one head -> out rows (bf16, [rows][64]).
-void attend_block(const Head& h, int64_t first, int rows, float scale, float* scores,
-                  c10::BFloat16* out) {
+void attend_block(const Head& h, int rows, float scale, float* scores) {
   __m512bh query[QUERIES][2];
   for (int r = 0; r < rows; ++r) {
     for (int c = 0; c < 2; ++c) {
-      query[r][c] = (__m512bh)_mm512_loadu_si512(h.query + (first + r) * HEAD_DIM + 32 * c);
+      query[r][c] = (__m512bh)_mm512_loadu_si512(h.query[r] + 32 * c);
     }
   }
   for (int64_t j = 0; j < h.keys; ++j) {
@@ -112,8 +95,7 @@ void attend_block(const Head& h, int64_t first, int rows, float scale, float* sc
   for (int r = 0; r < rows; ++r) {
     for (int c = 0; c < CHUNKS; ++c) {
       const __m512 y = _mm512_mul_ps(acc[r][c], _mm512_set1_ps(inverse[r]));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * HEAD_DIM + 16 * c),
-                          (__m256i)_mm512_cvtneps_pbh(y));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(h.out[r] + 16 * c), dcoco_vector::narrow(y));
     }
   }
 }
@@ -129,36 +111,41 @@ bool draft_attention_available() {
 #endif
 }
 
-// query [1, heads, rows, 64] contiguous; key, value [1, heads, keys, 64] (rows contiguous,
-// any row stride) bf16 -> softmax(q kᵀ · scale) v [1, heads, rows, 64] bf16.
+// query [queries, q_heads, 64] (rows of 64 contiguous, any strides); key, value [1, kv_heads,
+// keys, 64] (the same) bf16, q_heads a multiple of kv_heads (query head h reads kv head
+// h / (q_heads / kv_heads)) -> softmax(q kᵀ · scale) v as [queries, q_heads · 64] bf16.
 torch::Tensor draft_attention(const torch::Tensor& query, const torch::Tensor& key,
                               const torch::Tensor& value, double scale) {
   TORCH_CHECK(draft_attention_available(), "draft_attention needs AVX-512 bf16");
+  TORCH_CHECK(query.dim() == 3 && key.dim() == 4 && key.size(0) == 1, "query 3-D, key 4-D");
   for (const auto* t : {&query, &key, &value}) {
-    TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->dim() == 4 && t->size(0) == 1 &&
-                    t->size(3) == 64 && t->stride(3) == 1,
-                "bf16 [1, heads, rows, 64] with contiguous rows expected");
+    TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->size(-1) == 64 && t->stride(-1) == 1,
+                "bf16 heads of 64 with contiguous rows expected");
   }
-  TORCH_CHECK(query.is_contiguous() && key.sizes() == value.sizes() &&
-                  key.size(1) == query.size(1) && key.size(2) > 0,
-              "query contiguous; key and value of one shape, the query's heads");
-  auto out = torch::empty(query.sizes(), query.options());
+  const int64_t queries = query.size(0), q_heads = query.size(1), kv_heads = key.size(1);
+  TORCH_CHECK(key.sizes() == value.sizes() && key.size(2) > 0 && q_heads % kv_heads == 0,
+              "key and value of one shape; query heads a multiple of the kv heads");
+  auto out = torch::empty({queries, q_heads * 64}, query.options());
 #ifdef DCOCO_DRAFT_ATTENTION
-  const int64_t heads = query.size(1), rows = query.size(2), keys = key.size(2);
+  const int64_t group = q_heads / kv_heads, rows = queries * group, keys = key.size(2);
   const int64_t blocks = (rows + QUERIES - 1) / QUERIES;
   const auto* q = query.data_ptr<c10::BFloat16>();
   const auto* k = key.data_ptr<c10::BFloat16>();
   const auto* v = value.data_ptr<c10::BFloat16>();
   auto* y = out.data_ptr<c10::BFloat16>();
-  at::parallel_for(0, heads * blocks, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, kv_heads * blocks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(QUERIES * keys);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t head = task / blocks, first = (task % blocks) * QUERIES;
-      const Head h{q + head * rows * HEAD_DIM, k + head * key.stride(1),
-                   v + head * value.stride(1), keys, key.stride(2), value.stride(2)};
+      const int64_t kv_head = task / blocks, first = (task % blocks) * QUERIES;
+      Head h{k + kv_head * key.stride(1), v + kv_head * value.stride(1), keys, key.stride(2),
+             value.stride(2), {}, {}};
       const int count = static_cast<int>(std::min<int64_t>(QUERIES, rows - first));
-      attend_block(h, first, count, static_cast<float>(scale), scores.data(),
-                   y + (head * rows + first) * HEAD_DIM);
+      for (int r = 0; r < count; ++r) {  // row j: query position j / group, head j % group
+        const int64_t at = first + r, head = kv_head * group + at % group;
+        h.query[r] = q + (at / group) * query.stride(0) + head * query.stride(1);
+        h.out[r] = y + (at / group) * q_heads * HEAD_DIM + head * HEAD_DIM;
+      }
+      attend_block(h, count, static_cast<float>(scale), scores.data());
     }
   });
 #endif

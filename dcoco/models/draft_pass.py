@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import DynamicCache
 
-from dcoco.models import cpu_kernels
+from dcoco.models import cpu_kernels, int4_dot
 from dcoco.models.cache import cache_length
 from dcoco.models.layer_loop import rms_norm, rotate
 
@@ -57,6 +57,7 @@ class _DraftLayer(nn.Module):
         self.gate_up = product(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
         self.down = product(mlp.down_proj.weight)
         self.intermediate = mlp.gate_proj.out_features
+        self.fused_mlp = int4_dot.fuses_mlp(self.gate_up, self.down)  # w4a8: one C++ call
         self.norm_in = layer.input_layernorm.weight.detach()
         self.norm_post = layer.post_attention_layernorm.weight.detach()
         # q's and k's per-head norm weights, one row per head of the joint q|k heads [q+k, dim]
@@ -119,12 +120,19 @@ class DraftPass(nn.Module):
         for index, layer in enumerate(self.layers):
             first_query = 1 if index == last else 0  # the anchor's last output is never read
             attended = self._attention(layer, hidden, fused, rotary, cache, first_query)
-            hidden = hidden[first_query:] + attended
-            gate, up = self._product(
-                layer.gate_up, rms_norm(hidden, layer.norm_post, layer.eps)
-            ).split(layer.intermediate, dim=-1)
-            hidden = hidden + self._product(layer.down, F.silu(gate) * up)
+            hidden = self._mlp(layer, hidden[first_query:] + attended)
         return rms_norm(hidden, self.norm, self.eps)
+
+    def _mlp(self, layer: _DraftLayer, hidden: Tensor) -> Tensor:
+        """hidden [rows, hidden] plus the layer's MLP of its norm; on w4a8 products one C++ call
+        (dcoco.models.int4_dot.mlp) in place of ten."""
+        if layer.fused_mlp and cpu_kernels.takes(hidden) and hidden.shape[0] <= int4_dot.MAX_ROWS:
+            return int4_dot.mlp(hidden, layer.norm_post, layer.eps, layer.gate_up, layer.down,
+                                layer.intermediate)  # fmt: skip
+        gate, up = self._product(layer.gate_up, rms_norm(hidden, layer.norm_post, layer.eps)).split(
+            layer.intermediate, dim=-1
+        )
+        return hidden + self._product(layer.down, F.silu(gate) * up)
 
     def _attention(self, layer: _DraftLayer, hidden: Tensor, fused: Tensor,
                    rotary: tuple[Tensor, Tensor], cache: DynamicCache,
@@ -140,16 +148,22 @@ class DraftPass(nn.Module):
         key = qk[:, layer.q_heads :].transpose(0, 1)[None]  # [1, kv heads, positions, dim]
         value = heads[:, rotated:].transpose(0, 1)[None]
         key, value = cache.update(key, value, layer.index)
-        # each kv head's query heads as one longer run of queries: grouped-query attention as
-        # plain attention, 54 against 76 µs for SDPA's own grouping (4 queries, 310 keys, Zen 4)
-        queries, group = rows - first_query, layer.q_heads // layer.k_heads
         query = qk[num_context + first_query :, : layer.q_heads]  # [queries, heads, dim]
-        query = query.unflatten(1, (layer.k_heads, group)).transpose(0, 1)
-        query = query.reshape(1, layer.k_heads, queries * group, layer.head_dim)
         if cpu_kernels.attends(query, key):  # 1.5-3x faster than SDPA at these sizes (Zen 4)
-            out = cpu_kernels.draft_attention(query, key, value)
+            out = cpu_kernels.draft_attention(query, key, value)  # grouped heads read in place
         else:
-            out = F.scaled_dot_product_attention(query, key, value)
-        # out: [1, kv heads, q * group, dim]
-        out = out[0].unflatten(1, (queries, group)).transpose(0, 1).reshape(queries, -1)
+            out = self._sdpa(query, key, value, layer.k_heads)
         return self._product(layer.o, out)
+
+    @staticmethod
+    def _sdpa(query: Tensor, key: Tensor, value: Tensor, kv_heads: int) -> Tensor:
+        """query [queries, heads, dim] over key, value [1, kv heads, positions, dim] ->
+        [queries, heads * dim]: each kv head's query heads as one longer run of queries, so
+        grouped-query attention is plain attention (54 against 76 µs for SDPA's own grouping,
+        4 queries over 310 keys, Zen 4)."""
+        queries, heads, dim = query.shape
+        group = heads // kv_heads
+        query = query.unflatten(1, (kv_heads, group)).transpose(0, 1)
+        query = query.reshape(1, kv_heads, queries * group, dim)
+        out = F.scaled_dot_product_attention(query, key, value)  # [1, kv heads, q * group, dim]
+        return out[0].unflatten(1, (queries, group)).transpose(0, 1).reshape(queries, -1)

@@ -125,9 +125,7 @@ class DraftVocab:
         rows = head_rows(head, self.token_ids, _in_features(head), dtype).to(dtype)
         self.head = product(rows) if product is not None else _dense_head(rows)
         self.dtype = dtype
-        column_of = torch.full((vocab_size,), NO_HINT, dtype=torch.long, device=rows.device)
-        column_of[self.token_ids] = torch.arange(len(self.token_ids), device=rows.device)
-        self._column_of = column_of
+        self._column_of = column_table(self.token_ids, vocab_size)
 
     @property
     def size(self) -> int:
@@ -152,10 +150,19 @@ def _dense_head(rows: Tensor) -> nn.Module:
     return PackedLinear(linear) if cpu and onednn_available(rows.dtype) else linear
 
 
+def column_table(token_ids: Tensor, vocab_size: int) -> Tensor:
+    """[vocab + 1]: each token's column in the vocabulary of `token_ids` [N] (distinct ids),
+    NO_HINT for a token outside it; the extra last entry is NO_HINT too, so that a NO_HINT id
+    (-1) reads it."""
+    table = torch.full((vocab_size + 1,), NO_HINT, dtype=torch.long, device=token_ids.device)
+    table[token_ids] = torch.arange(len(token_ids), device=token_ids.device)
+    return table
+
+
 def hint_columns(token_ids: Tensor, column_of: Tensor) -> Tensor:
-    """Token ids (NO_HINT allowed) -> the vocabulary's columns by `column_of` [vocab] (NO_HINT
-    for a token outside it); the copy gate adds its bonus at these columns."""
-    return torch.where(token_ids >= 0, column_of[token_ids.clamp(min=0)], NO_HINT)
+    """Token ids (NO_HINT allowed) -> the vocabulary's columns by `column_of` (column_table; NO_HINT
+    for a token outside it): one lookup. The copy gate adds its bonus at these columns."""
+    return column_of[token_ids]
 
 
 def full_vocab_logits(logits: Tensor, token_ids: Tensor, vocab_size: int) -> Tensor:

@@ -2,8 +2,9 @@
 //
 // y = x Wᵀ with W as 4-bit codes q (0..15) and, per 32 inputs, w = (q - 8)·scale + zero; x rounded
 // per row and 32 inputs to int8 (x ≈ a·xq, a = max|x| / 127): llama.cpp's Q4 × Q8 scheme. A
-// group's sum Σ (q - 8)·xq is exact in int32 (AVX-512 VNNI's vpdpbusd: 64 byte products a call),
-// then y += scale·a·Σ (q - 8)·xq + zero·Σ x, with Σ x the fp32 sum of the unrounded inputs.
+// group's sum Σ (q - 8)·xq is exact in int32 (AVX-512 VNNI's vpdpbusd: 64 byte products a call,
+// the codes as its unsigned bytes and the row as its signed ones, 8·Σ xq taken back off), then
+// y += scale·a·Σ (q - 8)·xq + zero·Σ x, with Σ x the fp32 sum of the unrounded inputs.
 //
 // Weights arrive packed by output blocks of 16 ([out / 16, in / 8, 16, 4] bytes): lane n's four
 // bytes hold inputs k..k+3 in the low nibbles and k+4..k+7 in the high ones, so one 64-byte load
@@ -16,8 +17,11 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
@@ -31,53 +35,73 @@ constexpr int64_t GROUP = 32;
 constexpr int64_t LANES = 16;
 constexpr int ROWS_PER_PASS = 8;  // rows sharing one unpacking of a weight block
 
-// Rows rounded to int8 per group: codes [rows, in], scale a and fp32 sum per [rows, groups].
+#ifdef DCOCO_INT4_DOT
+// Rows rounded to int8 per group: codes [rows, in]; per [rows, groups] the scale a, the fp32 sum
+// of the inputs and 8·Σ xq (Σ (q - 8)·xq = Σ q·xq - 8·Σ xq).
 struct QuantisedRows {
-  std::vector<uint8_t> codes;  // xq + 128
+  std::vector<int8_t> codes;
   std::vector<float> scale, sum;
+  std::vector<int32_t> eights;
 };
 
-QuantisedRows quantise_rows(const torch::Tensor& x) {
-  const auto values = x.to(torch::kFloat32).contiguous();
-  const int64_t rows = values.size(0), in = values.size(1), groups = in / GROUP;
-  const float* data = values.data_ptr<float>();
-  QuantisedRows out{std::vector<uint8_t>(rows * in), std::vector<float>(rows * groups),
-                    std::vector<float>(rows * groups)};
+// 32 inputs of a row as fp32, from bf16 (its bits shifted up) or fp32.
+template <typename T>
+void load_group(const T* v, __m512& first, __m512& second) {
+  if constexpr (std::is_same_v<T, float>) {
+    first = _mm512_loadu_ps(v);
+    second = _mm512_loadu_ps(v + LANES);
+  } else {
+    const auto widen = [](const T* at) {
+      const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+    };
+    first = widen(v);
+    second = widen(v + LANES);
+  }
+}
+
+// Each row and 32 inputs: a = max|x| / 127, xq = round-to-even(x·127 / max|x|), in AVX-512.
+template <typename T>
+QuantisedRows quantise_rows(const T* data, int64_t rows, int64_t in) {
+  const int64_t groups = in / GROUP;
+  QuantisedRows out{std::vector<int8_t>(rows * in), std::vector<float>(rows * groups),
+                    std::vector<float>(rows * groups), std::vector<int32_t>(rows * groups)};
   for (int64_t g = 0; g < rows * groups; ++g) {
-    const float* v = data + g * GROUP;
-    float amax = 0.0f, total = 0.0f;
-    for (int64_t i = 0; i < GROUP; ++i) {
-      amax = std::max(amax, std::fabs(v[i]));
-      total += v[i];
-    }
-    const float a = amax / 127.0f, inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
-    for (int64_t i = 0; i < GROUP; ++i) {
-      out.codes[g * GROUP + i] = static_cast<uint8_t>(std::nearbyint(v[i] * inverse) + 128.0f);
-    }
-    out.scale[g] = a;
-    out.sum[g] = total;
+    __m512 first, second;
+    load_group(data + g * GROUP, first, second);
+    const float amax =
+        _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(first), _mm512_abs_ps(second)));
+    const __m512 inverse = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    const __m512i low = _mm512_cvtps_epi32(_mm512_mul_ps(first, inverse));  // MXCSR: to even
+    const __m512i high = _mm512_cvtps_epi32(_mm512_mul_ps(second, inverse));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(&out.codes[g * GROUP]), _mm512_cvtepi32_epi8(low));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(&out.codes[g * GROUP + LANES]),
+                     _mm512_cvtepi32_epi8(high));
+    out.scale[g] = amax / 127.0f;
+    out.sum[g] = _mm512_reduce_add_ps(_mm512_add_ps(first, second));
+    out.eights[g] = 8 * _mm512_reduce_add_epi32(_mm512_add_epi32(low, high));
   }
   return out;
 }
 
-#ifdef DCOCO_INT4_DOT
 template <typename T>
 const __m256i* ymm(const T* at) {
   return reinterpret_cast<const __m256i*>(at);
 }
 
-// Rows [row0, row0 + R) of one block of 16 outputs: fp32 results into out [R][16]. vpdpbusd
-// multiplies unsigned by signed bytes: the rows go in as xq + 128 (1..255) and the weights as
-// q - 8 (-8..7), so the rounding error of the rows meets centred weights, and 128·Σ(q - 8)
-// (`offsets`, per output and group) comes back off. Up to 4 rows keep two sums a row (the low
-// and high nibbles) so that a single row is not one chain of dependent instructions.
+// Rows [row0, row0 + R) of one block of 16 outputs, written as bf16 to y (row stride `stride`).
+// vpdpbusd multiplies unsigned by signed bytes: the codes go in as they are (0..15) and each
+// row's four bytes broadcast as its signed operand, which the instruction can read straight
+// from memory. Up to 4 rows keep two sums a row (the low and high nibbles) so that a single row
+// is not one chain of dependent instructions.
 template <int R>
 void block_rows(const uint8_t* weights, const at::Half* scales, const at::Half* zeros,
-                const int16_t* offsets, const QuantisedRows& q, int64_t in, int64_t row0,
-                float* out) {
+                const QuantisedRows& q, int64_t in, int64_t row0, c10::BFloat16* y,
+                int64_t stride) {
   constexpr int A = R <= 4 ? 2 : 1;
   const int64_t groups = in / GROUP;
-  const __m512i nibble = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+  const int8_t* rows = q.codes.data() + row0 * in;
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
   __m512 total[R];
   for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
@@ -87,39 +111,49 @@ void block_rows(const uint8_t* weights, const at::Half* scales, const at::Half* 
     }
     for (int64_t j = 0; j < GROUP / 8; ++j) {
       const __m512i packed = _mm512_loadu_si512(weights + (g * (GROUP / 8) + j) * 64);
-      const __m512i low = _mm512_sub_epi8(_mm512_and_si512(packed, nibble), eight);
-      const __m512i high =
-          _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble), eight);
+      const __m512i low = _mm512_and_si512(packed, nibble);
+      const __m512i high = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble);
       for (int r = 0; r < R; ++r) {
-        const uint8_t* x = q.codes.data() + (row0 + r) * in + g * GROUP + j * 8;
+        const int8_t* x = rows + r * in + g * GROUP + j * 8;
         int32_t first, second;
         std::memcpy(&first, x, 4);
         std::memcpy(&second, x + 4, 4);
-        dots[r][0] = _mm512_dpbusd_epi32(dots[r][0], _mm512_set1_epi32(first), low);
-        dots[r][A - 1] = _mm512_dpbusd_epi32(dots[r][A - 1], _mm512_set1_epi32(second), high);
+        dots[r][0] = _mm512_dpbusd_epi32(dots[r][0], low, _mm512_set1_epi32(first));
+        dots[r][A - 1] = _mm512_dpbusd_epi32(dots[r][A - 1], high, _mm512_set1_epi32(second));
       }
     }
     const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(ymm(scales + g * LANES)));
     const __m512 zero = _mm512_cvtph_ps(_mm256_loadu_si256(ymm(zeros + g * LANES)));
-    const __m512i offset = _mm512_cvtepi16_epi32(_mm256_loadu_si256(ymm(offsets + g * LANES)));
     for (int r = 0; r < R; ++r) {
       const int64_t at = (row0 + r) * groups + g;
       __m512i sum = dots[r][0];
       if (A == 2) sum = _mm512_add_epi32(sum, dots[r][A - 1]);
-      const __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum, offset));
+      const __m512i exact = _mm512_sub_epi32(sum, _mm512_set1_epi32(q.eights[at]));
       const __m512 step = _mm512_mul_ps(scale, _mm512_set1_ps(q.scale[at]));
-      total[r] = _mm512_fmadd_ps(dot, step, total[r]);
+      total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), step, total[r]);
       total[r] = _mm512_fmadd_ps(zero, _mm512_set1_ps(q.sum[at]), total[r]);
     }
   }
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * LANES, total[r]);
+  for (int r = 0; r < R; ++r) {
+    c10::BFloat16* row = y + (row0 + r) * stride;
+#ifdef __AVX512BF16__  // round to nearest even, as c10::BFloat16 does
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(row), (__m256i)_mm512_cvtneps_pbh(total[r]));
+#else
+    alignas(64) float results[LANES];
+    _mm512_store_ps(results, total[r]);
+    for (int64_t n = 0; n < LANES; ++n) row[n] = results[n];
+#endif
+  }
 }
 
-using BlockRows = void (*)(const uint8_t*, const at::Half*, const at::Half*, const int16_t*,
-                           const QuantisedRows&, int64_t, int64_t, float*);
-constexpr BlockRows BY_ROWS[ROWS_PER_PASS] = {block_rows<1>, block_rows<2>, block_rows<3>,
-                                         block_rows<4>, block_rows<5>, block_rows<6>,
-                                         block_rows<7>, block_rows<8>};
+using BlockRows = void (*)(const uint8_t*, const at::Half*, const at::Half*, const QuantisedRows&,
+                           int64_t, int64_t, c10::BFloat16*, int64_t);
+
+template <std::size_t... I>
+constexpr std::array<BlockRows, sizeof...(I)> by_rows(std::index_sequence<I...>) {
+  return {block_rows<static_cast<int>(I) + 1>...};
+}
+constexpr auto BY_ROWS = by_rows(std::make_index_sequence<ROWS_PER_PASS>{});
 #endif
 
 }  // namespace
@@ -132,45 +166,42 @@ bool int4_dot_available() {
 #endif
 }
 
-// x [rows, in] (bf16 or fp32); weights [out / 16, in / 8, 16, 4] uint8; scales, zeros
-// [out / 16, in / 32, 16] fp16 (w = (q - 8)·scale + zero); offsets [out / 16, in / 32, 16] int16
-// (128·Σ(q - 8) per group) -> [rows, out] bf16. 22 bytes per 32 weights, as many as torch's
-// int4 layers read (20), so a product streams from memory as fast.
+// x [rows, in] (bf16 or fp32, contiguous); weights [out / 16, in / 8, 16, 4] uint8; scales,
+// zeros [out / 16, in / 32, 16] fp16 (w = (q - 8)·scale + zero) -> [rows, out] bf16. 20 bytes
+// per 32 weights, as many as torch's int4 layers read, so a product streams from memory as fast.
 torch::Tensor int4_dot(const torch::Tensor& x, const torch::Tensor& weights,
-                       const torch::Tensor& scales, const torch::Tensor& zeros,
-                       const torch::Tensor& offsets) {
+                       const torch::Tensor& scales, const torch::Tensor& zeros) {
   TORCH_CHECK(int4_dot_available(), "int4_dot needs AVX-512 VNNI");
-  TORCH_CHECK(x.dim() == 2 && x.size(1) % GROUP == 0, "x [rows, in], in divisible by 32");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) % GROUP == 0 && x.is_contiguous(),
+              "x [rows, in] contiguous, in divisible by 32");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat,
+              "x bf16 or fp32");
   const int64_t rows = x.size(0), in = x.size(1), blocks = weights.size(0);
   TORCH_CHECK(weights.scalar_type() == at::kByte && weights.is_contiguous() &&
                   weights.numel() == blocks * in * 8,
               "weights [out / 16, in / 8, 16, 4] uint8 expected");
   const int64_t per_block = (in / GROUP) * LANES;
-  for (const auto* t : {&scales, &zeros, &offsets}) {
-    const auto dtype = t == &offsets ? at::kShort : at::kHalf;
-    TORCH_CHECK(t->scalar_type() == dtype && t->is_contiguous() && t->numel() == blocks * per_block,
-                "scales, zeros (fp16) and offsets (int16) [out / 16, in / 32, 16] expected");
+  for (const auto* t : {&scales, &zeros}) {
+    TORCH_CHECK(
+        t->scalar_type() == at::kHalf && t->is_contiguous() && t->numel() == blocks * per_block,
+        "scales and zeros [out / 16, in / 32, 16] fp16 expected");
   }
   auto out = torch::empty({rows, blocks * LANES}, x.options().dtype(at::kBFloat16));
 #ifdef DCOCO_INT4_DOT
-  const QuantisedRows q = quantise_rows(x);
+  const QuantisedRows q = x.scalar_type() == at::kFloat
+                              ? quantise_rows(x.data_ptr<float>(), rows, in)
+                              : quantise_rows(x.data_ptr<c10::BFloat16>(), rows, in);
   const uint8_t* w = weights.data_ptr<uint8_t>();
   const at::Half* s = scales.data_ptr<at::Half>();
   const at::Half* z = zeros.data_ptr<at::Half>();
-  const int16_t* o = offsets.data_ptr<int16_t>();
   c10::BFloat16* y = out.data_ptr<c10::BFloat16>();
+  const int64_t stride = blocks * LANES;
   at::parallel_for(0, blocks, 8, [&](int64_t first, int64_t last) {
-    float results[ROWS_PER_PASS * LANES];
     for (int64_t b = first; b < last; ++b) {
       const int64_t at = b * per_block;
       for (int64_t row0 = 0; row0 < rows; row0 += ROWS_PER_PASS) {
         const int count = static_cast<int>(std::min<int64_t>(ROWS_PER_PASS, rows - row0));
-        BY_ROWS[count - 1](w + b * in * 8, s + at, z + at, o + at, q, in, row0, results);
-        for (int r = 0; r < count; ++r) {
-          for (int64_t n = 0; n < LANES; ++n) {
-            y[(row0 + r) * blocks * LANES + b * LANES + n] = results[r * LANES + n];
-          }
-        }
+        BY_ROWS[count - 1](w + b * in * 8, s + at, z + at, q, in, row0, y + b * LANES, stride);
       }
     }
   });

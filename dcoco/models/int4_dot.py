@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from dcoco.errors import DcocoError
 from dcoco.models import cpu_kernels
@@ -47,22 +47,19 @@ def require_int4_dot(setting: str, instead: str) -> None:
                          f"(dcoco.models.cpu_kernels); use {instead}")  # fmt: skip
 
 
-def pack(codes: Tensor, scale: Tensor, zero: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def pack(codes: Tensor, scale: Tensor, zero: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """codes [out, in] (0..15), scale and zero [out, in / 32] (w = (q - 8)·scale + zero) -> the
     kernel's weights [out / 16, in / 8, 16, 4] uint8, scales and zeros [out / 16, in / 32, 16]
-    fp16 and offsets (128·Σ(q - 8) per group, -32768..28672, same shape, int16); `out` padded to
-    a multiple of 16 with zero rows."""
+    fp16; `out` padded to a multiple of 16 with zero rows."""
     out_features, in_features = codes.shape
     pad = (0, 0, 0, -out_features % LANES)
     codes = F.pad(codes.to(torch.int32), pad, value=8)  # padded rows: weights 0
     scale, zero = F.pad(scale.half(), pad), F.pad(zero.half(), pad)
     blocks, groups = codes.shape[0] // LANES, in_features // GROUP
-    offsets = (128 * (codes - 8).view(-1, groups, GROUP).sum(-1)).to(torch.int16)
     # [blocks, lane, in / 8, 2 (low nibbles: inputs k..k+3, high: k+4..k+7), 4]
     split = codes.to(torch.uint8).view(blocks, LANES, in_features // 8, 2, 4)
     weights = (split[:, :, :, 0] | (split[:, :, :, 1] << 4)).transpose(1, 2).contiguous()
-    per_group = [t.view(blocks, LANES, groups).transpose(1, 2).contiguous()
-                 for t in (scale, zero, offsets)]  # fmt: skip
+    per_group = [t.view(blocks, LANES, groups).transpose(1, 2).contiguous() for t in (scale, zero)]
     return weights, *per_group
 
 
@@ -73,7 +70,7 @@ class Int4DotLinear(Int4GroupLinear):
 
     def __init__(self, codes: Tensor, scale: Tensor, zero: Tensor, bias: Tensor | None = None):
         super().__init__(codes, scale, zero, bias)
-        names = ("weights", "scales", "zeros", "offsets")
+        names = ("weights", "scales", "zeros")
         for name, packed in zip(names, pack(codes, scale, zero), strict=True):
             self.register_buffer(f"dot_{name}", packed)
 
@@ -84,8 +81,11 @@ class Int4DotLinear(Int4GroupLinear):
         rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         if rows.shape[0] > MAX_ROWS:
             return super().forward(x)  # a prefill: the dequantised copy
+        if rows.dtype not in (torch.bfloat16, torch.float32):
+            rows = rows.float()
+        buffers = self._buffers  # not nn.Module.__getattr__: a draft makes ten of these calls
         out = cpu_kernels.kernels().int4_dot(
-            rows, self.dot_weights, self.dot_scales, self.dot_zeros, self.dot_offsets
+            rows.contiguous(), buffers["dot_weights"], buffers["dot_scales"], buffers["dot_zeros"]
         )
         out = out if out.shape[1] == self.out_features else out[:, : self.out_features]
         out = out if self.bias is None else out + self.bias
@@ -95,3 +95,20 @@ class Int4DotLinear(Int4GroupLinear):
 def w4a8_linear(weight: Tensor) -> Int4DotLinear:
     """A bias-free Int4DotLinear holding `weight` [out, in] quantised (quantise_int4)."""
     return Int4DotLinear(*quantise_int4(weight))
+
+
+def fuses_mlp(gate_up: nn.Module, down: nn.Module) -> bool:
+    """Whether mlp() runs a layer's MLP on these two products: both w4a8 and bias-free."""
+    return all(isinstance(layer, Int4DotLinear) and layer.bias is None for layer in (gate_up, down))
+
+
+def mlp(hidden: Tensor, norm: Tensor, eps: float, gate_up: Int4DotLinear, down: Int4DotLinear,
+        width: int) -> Tensor:  # fmt: skip
+    """hidden [rows, n] bf16 (rows <= MAX_ROWS, contiguous) -> hidden + down(silu(gate) · up)
+    with gate | up = gate_up(rms_norm(hidden, norm, eps)), `width` columns each, in one call
+    (w4a8_mlp.cpp): equal to those operators but where silu's exp rounds to another bf16."""
+    first, second = gate_up._buffers, down._buffers
+    return cpu_kernels.kernels().w4a8_mlp(
+        hidden, norm, eps, first["dot_weights"], first["dot_scales"], first["dot_zeros"],
+        second["dot_weights"], second["dot_scales"], second["dot_zeros"], width,
+    )  # fmt: skip

@@ -39,7 +39,7 @@ from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
 from dcoco.errors import DcocoError
 from dcoco.models.copy_hints import NO_HINT, add_copy_bonus
-from dcoco.models.draft_vocab import full_vocab_logits, hint_columns
+from dcoco.models.draft_vocab import column_table, full_vocab_logits, hint_columns
 from dcoco.models.drafter_io import COPY_ARCHITECTURE, HEAD_ARCHITECTURES, HEAD_PREFIX
 from dcoco.models.head_compile import COMPILE_KEY, HeadSelect
 from dcoco.models.head_io import HEAD_KEY, SELECTION_KEY
@@ -189,7 +189,8 @@ class DcocoDFlashForCausalLM(DFlashQwen3ForCausalLM):
             hints = blocks[:, 1:].reshape(-1)  # [rows]: the hint, or MASK where there is none
             hint_columns = self._hint_columns(torch.where(hints == mask, NO_HINT, hints))
             bonus = self.copy_gate(hidden_states).squeeze(-1).float()  # [rows]
-            logits = add_copy_bonus(logits.float(), bonus, hint_columns).to(logits.dtype)
+            bonused = add_copy_bonus(logits.float(), bonus, hint_columns, fused=False)
+            logits = bonused.to(logits.dtype)
         if self.head is None:
             return logits, None
         block = (
@@ -251,8 +252,7 @@ class DcocoDFlashForCausalLM(DFlashQwen3ForCausalLM):
             return
         columns = torch.arange(offsets.shape[0], device=offsets.device)
         self._column_ids = columns + offsets  # [N]
-        column_of = torch.full((self.config.vocab_size,), NO_HINT, device=offsets.device)
-        self._column_of = column_of.index_copy_(0, self._column_ids, columns)
+        self._column_of = column_table(self._column_ids, self.config.vocab_size)
 
     def _load_head(self, weights: dict[str, Tensor]) -> None:
         expected = set(self.head.state_dict())
