@@ -123,17 +123,17 @@ def test_an_int4_pass_drafts_close_to_the_dense_one():
 
 
 @pytest.mark.skipif(not int4_dot_available(), reason="no AVX-512 VNNI build here")
-def test_a_w4a8_pass_runs_each_mlp_in_one_call_as_its_operators_would():
+def test_a_w4a8_pass_runs_each_layer_half_in_one_call_as_its_operators_would():
     target = make_tiny_target("llama")
     target.model.to(torch.bfloat16)
     drafter = make_drafter(target)
     features = torch.randn(1, 17, 3 * 64, generator=torch.Generator().manual_seed(3)).bfloat16()
     draft_pass = DraftPass(drafter, w4a8_linear)
-    assert all(layer.fused_mlp for layer in draft_pass.layers)
+    assert all(layer.fused for layer in draft_pass.layers)
     drafter.use_draft_pass(draft_pass)
     fused = cycles(drafter, features, slots=4)
     for layer in draft_pass.layers:
-        layer.fused_mlp = False
+        layer.fused = False
     operators = cycles(drafter, features, slots=4)
     for (logits, hidden, _), (op_logits, op_hidden, _) in zip(fused, operators, strict=True):
         # silu's exp may round a value to the neighbouring bf16; nothing else differs

@@ -15,12 +15,13 @@ from dcoco.models.gguf_weights import GROUP, Int4GroupLinear, dequantise
 from dcoco.models.int4_dot import (
     LANES,
     Int4DotLinear,
-    fuses_mlp,
+    all_w4a8,
     int4_dot_available,
     pack,
     w4a8_linear,
 )
 from dcoco.models.int4_groups import quantise_int4
+from dcoco.models.layer_loop import rotate
 
 needs_kernel = pytest.mark.skipif(not int4_dot_available(), reason="no AVX-512 VNNI build here")
 
@@ -101,13 +102,13 @@ def test_each_row_is_computed_alone():
 
 
 @needs_kernel
-def test_the_fused_mlp_equals_its_operators():
+def test_the_fused_equals_its_operators():
     width, n = 96, 64
     gate_up, down = (
         w4a8_linear(torch.randn(2 * width, n) * 0.1),
         w4a8_linear(torch.randn(n, width) * 0.1),
     )
-    assert fuses_mlp(gate_up, down) and not fuses_mlp(gate_up, torch.nn.Linear(width, n))
+    assert all_w4a8(gate_up, down) and not all_w4a8(gate_up, torch.nn.Linear(width, n))
     norm = (1 + 0.1 * torch.randn(n)).bfloat16()
     hidden = torch.randn(7, n).bfloat16()
     gate, up = gate_up(kernels().rms_norm(hidden, norm, 1e-5)).split(width, dim=-1)
@@ -116,6 +117,26 @@ def test_the_fused_mlp_equals_its_operators():
     # silu's exp may round a value to the neighbouring bf16 (vector_math.h); nothing else differs
     assert (fused != expected).float().mean() < 0.01
     assert torch.allclose(fused.float(), expected.float(), rtol=2**-6, atol=2**-6)
+
+
+@needs_kernel
+def test_the_fused_qkv_equals_its_operators():
+    """q|k|v of [context; norm(hidden)], q's and k's heads normed and rotated: bit for bit."""
+    generator = torch.Generator().manual_seed(5)
+    layer = w4a8_linear(torch.randn(5 * 64, 96, generator=generator) * 0.1)  # 3 q, 1 k, 1 v
+    hidden, context = (torch.randn(n, 96, generator=generator).bfloat16() for n in (4, 3))
+    norm, qk_norm = (
+        (1 + 0.1 * torch.randn(96)).bfloat16(),
+        (1 + 0.1 * torch.randn(4, 64)).bfloat16(),
+    )
+    angles = torch.arange(7.0)[:, None] * torch.linspace(0.01, 1.0, 32)
+    cos = torch.cat([angles.cos()] * 2, -1).bfloat16()[:, None]
+    signed_sin = torch.cat([-angles.sin(), angles.sin()], -1).bfloat16()[:, None]
+    qk, heads = int4_dot.qkv(hidden, context, norm, 1e-5, layer, qk_norm, cos, signed_sin)
+    joined = torch.cat([context, kernels().rms_norm(hidden, norm, 1e-5)])
+    expected_heads = layer(joined).view(7, 5, 64)
+    expected_qk = rotate(expected_heads[:, :4], cos, signed_sin, norm=qk_norm, eps=1e-5)
+    assert torch.equal(heads, expected_heads) and torch.equal(qk, expected_qk)
 
 
 @needs_kernel

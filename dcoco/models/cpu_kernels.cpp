@@ -242,7 +242,12 @@ bool int4_dot_available();
 torch::Tensor int4_dot(const torch::Tensor& x, const torch::Tensor& weights,
                        const torch::Tensor& scales, const torch::Tensor& zeros);
 
-// w4a8_mlp.cpp, built into the same module
+// w4a8_layer.cpp, built into the same module
+std::tuple<torch::Tensor, torch::Tensor> w4a8_qkv(
+    const torch::Tensor& hidden, const torch::Tensor& context, const torch::Tensor& norm,
+    double eps, const torch::Tensor& weights, const torch::Tensor& scales,
+    const torch::Tensor& zeros, int64_t out_features, const torch::Tensor& qk_norm,
+    const torch::Tensor& cos, const torch::Tensor& signed_sin);
 torch::Tensor w4a8_mlp(const torch::Tensor& hidden, const torch::Tensor& norm, double eps,
                        const torch::Tensor& gate_up_weights, const torch::Tensor& gate_up_scales,
                        const torch::Tensor& gate_up_zeros, const torch::Tensor& down_weights,
@@ -261,6 +266,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rotate", &rotate, "rotary embedding of bf16 heads, optionally RMS-normed first");
   m.def("int4_dot_available", &int4_dot_available, "whether int4_dot was built (AVX-512 VNNI)");
   m.def("int4_dot", &int4_dot, "rows times 4-bit codes, the rows rounded to int8 per 32 inputs");
+  m.def("w4a8_qkv", &w4a8_qkv, "a drafter layer's q|k|v heads on int4_dot, normed and rotated");
   m.def("w4a8_mlp", &w4a8_mlp, "a drafter layer's MLP on int4_dot products, with its norm");
   m.def("draft_attention_available", &draft_attention_available,
         "whether draft_attention was built (AVX-512 bf16)");

@@ -4,7 +4,7 @@ A gguf step of SmolLM2 on a 2-core EPYC spends about as long in ~1,600 small ope
 rotary, their dtype casts) as in its products: an RMSNorm of one row is 10 operators and 15 µs,
 the same arithmetic in one C++ call a few µs. This module compiles cpu_kernels.cpp (RMSNorm,
 rotary with an optional per-head norm first, and a row argmax equal to torch.argmax), with
-int4_dot.cpp and w4a8_mlp.cpp (dcoco.models.int4_dot) and draft_attention.cpp (the drafter's
+int4_dot.cpp and w4a8_layer.cpp (dcoco.models.int4_dot) and draft_attention.cpp (the drafter's
 attention), once per machine (-march=native, OpenMP) with torch's extension builder into
 $DCOCO_CACHE_DIR/cpu-kernels/, and serves them for CPU tensors outside autograd. Where it cannot
 build (no C++ compiler, no ninja) or DCOCO_CPU_KERNELS=off, callers keep PyTorch's operators,
@@ -31,7 +31,7 @@ from torch import Tensor
 from dcoco.models.cpu_info import cpu_info
 from dcoco.paths import cache_dir
 
-KERNEL_FILES = ("cpu_kernels.cpp", "int4_dot.cpp", "w4a8_mlp.cpp", "draft_attention.cpp")
+KERNEL_FILES = ("cpu_kernels.cpp", "int4_dot.cpp", "w4a8_layer.cpp", "draft_attention.cpp")
 SOURCES = [Path(__file__).with_name(name) for name in KERNEL_FILES]
 HEADERS = [Path(__file__).with_name("vector_math.h")]  # included by the sources: in the digest
 # -fopenmp: at::parallel_for is inline OpenMP, one thread without it (torch's own backend)

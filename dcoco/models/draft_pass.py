@@ -13,10 +13,11 @@ rows (tests/test_draft_pass.py). 2-core AMD EPYC (Zen 4), bf16, a block of 8 aft
 
 The products are plain linear layers in the drafter's dtype (decoding packs them where the
 target's are packed), int4 groups (`--draft-dtype int4`, dcoco.models.int4_groups) or int4 groups
-over int8-rounded rows (`w4a8`, dcoco.models.int4_dot). Its bf16 attention runs on a C++ kernel
-where the CPU has AVX-512 bf16 (dcoco.models.cpu_kernels.draft_attention: 16-55 against SDPA's
-45-81 µs for 6-24 query rows over 307 keys, Zen 4), else SDPA. Batches of more than one
-sequence, and training, take the module's forward.
+over int8-rounded rows (`w4a8`, dcoco.models.int4_dot, whose layers' MLPs run as one C++ call
+each: int4_dot.mlp). Its bf16 attention runs on a C++ kernel where the CPU has AVX-512 bf16
+(dcoco.models.cpu_kernels.draft_attention: 16-55 against SDPA's 45-81 µs for 6-24 query rows over
+307 keys, Zen 4), reading the query heads in place, else SDPA. Batches of more than one sequence,
+and training, take the module's forward.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ class _DraftLayer(nn.Module):
         self.gate_up = product(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
         self.down = product(mlp.down_proj.weight)
         self.intermediate = mlp.gate_proj.out_features
-        self.fused_mlp = int4_dot.fuses_mlp(self.gate_up, self.down)  # w4a8: one C++ call
+        # w4a8: q|k|v with its norms and rotary, and the MLP, one C++ call each (int4_dot)
+        self.fused = int4_dot.all_w4a8(self.qkv, self.gate_up, self.down)
         self.norm_in = layer.input_layernorm.weight.detach()
         self.norm_post = layer.post_attention_layernorm.weight.detach()
         # q's and k's per-head norm weights, one row per head of the joint q|k heads [q+k, dim]
@@ -126,7 +128,7 @@ class DraftPass(nn.Module):
     def _mlp(self, layer: _DraftLayer, hidden: Tensor) -> Tensor:
         """hidden [rows, hidden] plus the layer's MLP of its norm; on w4a8 products one C++ call
         (dcoco.models.int4_dot.mlp) in place of ten."""
-        if layer.fused_mlp and cpu_kernels.takes(hidden) and hidden.shape[0] <= int4_dot.MAX_ROWS:
+        if layer.fused and cpu_kernels.takes(hidden) and hidden.shape[0] <= int4_dot.MAX_ROWS:
             return int4_dot.mlp(hidden, layer.norm_post, layer.eps, layer.gate_up, layer.down,
                                 layer.intermediate)  # fmt: skip
         gate, up = self._product(layer.gate_up, rms_norm(hidden, layer.norm_post, layer.eps)).split(
@@ -139,14 +141,10 @@ class DraftPass(nn.Module):
                    first_query: int) -> Tensor:  # fmt: skip
         """[rows, hidden] -> [rows - first_query, hidden]: the block's rows from `first_query`
         on as queries over [cache; context; block]."""
-        rows, num_context = hidden.shape[0], fused.shape[0]
-        kv_input = torch.cat([fused, rms_norm(hidden, layer.norm_in, layer.eps)])
-        heads = self._product(layer.qkv, kv_input).view(num_context + rows, -1, layer.head_dim)
-        rotated = layer.q_heads + layer.k_heads
-        # q's and k's heads normed per head, then rotated: [positions, q+k, dim]
-        qk = rotate(heads[:, :rotated], *rotary, norm=layer.qk_norm, eps=layer.eps)
+        num_context = fused.shape[0]
+        qk, heads = self._heads(layer, hidden, fused, rotary)
         key = qk[:, layer.q_heads :].transpose(0, 1)[None]  # [1, kv heads, positions, dim]
-        value = heads[:, rotated:].transpose(0, 1)[None]
+        value = heads[:, layer.q_heads + layer.k_heads :].transpose(0, 1)[None]
         key, value = cache.update(key, value, layer.index)
         query = qk[num_context + first_query :, : layer.q_heads]  # [queries, heads, dim]
         if cpu_kernels.attends(query, key):  # 1.5-3x faster than SDPA at these sizes (Zen 4)
@@ -154,6 +152,20 @@ class DraftPass(nn.Module):
         else:
             out = self._sdpa(query, key, value, layer.k_heads)
         return self._product(layer.o, out)
+
+    def _heads(self, layer: _DraftLayer, hidden: Tensor, fused: Tensor,
+               rotary: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:  # fmt: skip
+        """The q|k|v heads of [context; norm(block rows)]: (q's and k's normed per head, then
+        rotated [positions, q+k, dim]; every head as the product left them)."""
+        positions = fused.shape[0] + hidden.shape[0]
+        if layer.fused and cpu_kernels.takes(hidden) and positions <= int4_dot.MAX_ROWS:
+            return int4_dot.qkv(hidden, fused, layer.norm_in, layer.eps, layer.qkv,
+                                layer.qk_norm, *rotary)  # fmt: skip
+        kv_input = torch.cat([fused, rms_norm(hidden, layer.norm_in, layer.eps)])
+        heads = self._product(layer.qkv, kv_input).view(positions, -1, layer.head_dim)
+        rotated = layer.q_heads + layer.k_heads
+        qk = rotate(heads[:, :rotated], *rotary, norm=layer.qk_norm, eps=layer.eps)
+        return qk, heads
 
     @staticmethod
     def _sdpa(query: Tensor, key: Tensor, value: Tensor, kv_heads: int) -> Tensor:

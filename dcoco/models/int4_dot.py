@@ -83,10 +83,7 @@ class Int4DotLinear(Int4GroupLinear):
             return super().forward(x)  # a prefill: the dequantised copy
         if rows.dtype not in (torch.bfloat16, torch.float32):
             rows = rows.float()
-        buffers = self._buffers  # not nn.Module.__getattr__: a draft makes ten of these calls
-        out = cpu_kernels.kernels().int4_dot(
-            rows.contiguous(), buffers["dot_weights"], buffers["dot_scales"], buffers["dot_zeros"]
-        )
+        out = cpu_kernels.kernels().int4_dot(rows.contiguous(), *_packed(self))
         out = out if out.shape[1] == self.out_features else out[:, : self.out_features]
         out = out if self.bias is None else out + self.bias
         return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
@@ -97,18 +94,32 @@ def w4a8_linear(weight: Tensor) -> Int4DotLinear:
     return Int4DotLinear(*quantise_int4(weight))
 
 
-def fuses_mlp(gate_up: nn.Module, down: nn.Module) -> bool:
-    """Whether mlp() runs a layer's MLP on these two products: both w4a8 and bias-free."""
-    return all(isinstance(layer, Int4DotLinear) and layer.bias is None for layer in (gate_up, down))
+def all_w4a8(*layers: nn.Module) -> bool:
+    """Whether qkv() and mlp() run on these products: each w4a8 and bias-free."""
+    return all(isinstance(layer, Int4DotLinear) and layer.bias is None for layer in layers)
+
+
+def _packed(layer: Int4DotLinear) -> tuple[Tensor, Tensor, Tensor]:
+    buffers = layer._buffers  # not nn.Module.__getattr__: a draft makes ten of these calls
+    return buffers["dot_weights"], buffers["dot_scales"], buffers["dot_zeros"]
+
+
+def qkv(hidden: Tensor, context: Tensor, norm: Tensor, eps: float, layer: Int4DotLinear,
+        qk_norm: Tensor, cos: Tensor, signed_sin: Tensor) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """The q|k|v heads of [context; rms_norm(hidden, norm, eps)] (bf16 rows, together <= MAX_ROWS)
+    in one call (w4a8_layer.cpp): (the first qk_norm.shape[0] heads normed per head by qk_norm and
+    rotated by cos, signed_sin [positions, 1, dim], as layer_loop.rotate computes them; every head
+    [positions, heads, dim] as the product left them). Equal to those operators."""
+    return cpu_kernels.kernels().w4a8_qkv(
+        hidden, context, norm, eps, *_packed(layer), layer.out_features, qk_norm, cos, signed_sin
+    )
 
 
 def mlp(hidden: Tensor, norm: Tensor, eps: float, gate_up: Int4DotLinear, down: Int4DotLinear,
         width: int) -> Tensor:  # fmt: skip
     """hidden [rows, n] bf16 (rows <= MAX_ROWS, contiguous) -> hidden + down(silu(gate) · up)
     with gate | up = gate_up(rms_norm(hidden, norm, eps)), `width` columns each, in one call
-    (w4a8_mlp.cpp): equal to those operators but where silu's exp rounds to another bf16."""
-    first, second = gate_up._buffers, down._buffers
+    (w4a8_layer.cpp): equal to those operators but where silu's exp rounds to another bf16."""
     return cpu_kernels.kernels().w4a8_mlp(
-        hidden, norm, eps, first["dot_weights"], first["dot_scales"], first["dot_zeros"],
-        second["dot_weights"], second["dot_scales"], second["dot_zeros"], width,
-    )  # fmt: skip
+        hidden, norm, eps, *_packed(gate_up), *_packed(down), width
+    )

@@ -1,5 +1,5 @@
 // AVX-512 helpers shared by the fused kernels that include this file (draft_attention.cpp,
-// w4a8_mlp.cpp): bf16 <-> fp32 for 16 values and e^x by a polynomial.
+// w4a8_layer.cpp): bf16 <-> fp32 for 16 values and e^x by a polynomial.
 #pragma once
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)

@@ -1,11 +1,13 @@
-// A drafter layer's MLP on w4a8 products in one call (dcoco.models.int4_dot.mlp), built beside
-// cpu_kernels.cpp.
+// A drafter layer's two halves around its w4a8 products, one call each (dcoco.models.int4_dot.qkv
+// and .mlp), built beside cpu_kernels.cpp.
 //
-// hidden + down(silu(gate) · up) with gate | up = gate_up(rms_norm(hidden)): what the draft pass
-// otherwise runs as a norm, two products and four operators (split, silu, the product with up,
-// the residual sum), ~55 µs of calls a layer on a 2-core Zen 4. Each value is rounded to bf16
-// where those operators round it, so the result equals theirs except where silu's exp
-// (vector_math.h's polynomial, ~1 fp32 step) rounds to another bf16 than PyTorch's.
+// w4a8_qkv: the q|k|v heads of [context; rms_norm(hidden)], q's and k's normed per head and
+// rotated; w4a8_mlp: hidden + down(silu(gate) · up) with gate | up = gate_up(rms_norm(hidden)).
+// The draft pass otherwise runs each as a norm, its products and several operators (a join and
+// views; split, silu, the product with up, the residual sum), ~55 µs of calls a layer on a
+// 2-core Zen 4. Each value is rounded to bf16 where those operators round it, so the results
+// equal theirs except where silu's exp (vector_math.h's polynomial, ~1 fp32 step) rounds to
+// another bf16 than PyTorch's.
 
 #include <torch/extension.h>
 
@@ -15,6 +17,9 @@
 
 // cpu_kernels.cpp and int4_dot.cpp, built into the same module
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos,
+                     const torch::Tensor& signed_sin, const c10::optional<torch::Tensor>& weight,
+                     double eps);
 torch::Tensor int4_dot(const torch::Tensor& x, const torch::Tensor& weights,
                        const torch::Tensor& scales, const torch::Tensor& zeros);
 
@@ -70,4 +75,22 @@ torch::Tensor w4a8_mlp(const torch::Tensor& hidden, const torch::Tensor& norm, d
   const auto down = int4_dot(act, down_weights, down_scales, down_zeros);  // [rows, >= n]
   TORCH_CHECK(down.size(1) >= n, "down's outputs must cover the hidden size");
   return hidden + down.narrow(1, 0, n);
+}
+
+// hidden [rows, n], context [tokens, n] bf16 (rows contiguous); norm [n]; the q|k|v product as
+// int4_dot's packed weights, scales and zeros; qk_norm [rotated, 64] (one row per q and k head);
+// cos, signed_sin [tokens + rows, 1, 64] -> (q|k heads normed and rotated [tokens + rows,
+// rotated, 64], every head [tokens + rows, heads, 64] as the product left them).
+std::tuple<torch::Tensor, torch::Tensor> w4a8_qkv(
+    const torch::Tensor& hidden, const torch::Tensor& context, const torch::Tensor& norm,
+    double eps, const torch::Tensor& weights, const torch::Tensor& scales,
+    const torch::Tensor& zeros, int64_t out_features, const torch::Tensor& qk_norm,
+    const torch::Tensor& cos, const torch::Tensor& signed_sin) {
+  const int64_t head_dim = qk_norm.size(1), rotated = qk_norm.size(0);
+  TORCH_CHECK(out_features % head_dim == 0 && rotated * head_dim <= out_features,
+              "the product's outputs are whole heads, the rotated ones first");
+  const auto input = torch::cat({context, rms_norm(hidden, norm, eps)});
+  const auto heads =
+      int4_dot(input, weights, scales, zeros).narrow(1, 0, out_features).view({input.size(0), -1, head_dim});
+  return {rotate(heads.narrow(1, 0, rotated), cos, signed_sin, qk_norm, eps), heads};
 }
