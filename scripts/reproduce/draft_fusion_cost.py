@@ -18,35 +18,18 @@ from __future__ import annotations
 
 import functools
 import sys
+from pathlib import Path
 
 import torch
 
-from dcoco.decode.cost_curve import CONTEXT, interleaved_ms, machine_fingerprint
+from dcoco.decode.cost_curve import interleaved_ms, machine_fingerprint
 from dcoco.decode.methods import MethodOptions, build_proposer
-from dcoco.decode.proposers import DraftContext
 from dcoco.models import copy_hints, drafter
-from dcoco.models.cache import crop_cache
 from dcoco.models.loading import DEFAULT_TARGET, load_target
 
 SLOTS, REPEATS = (1, 2, 3, 4, 5, 7), 30
-
-
-def draft_call(proposer, slots: int):
-    """The drafter's pass of `slots` tokens after 2 new taps, the cache cropped back after it."""
-    width = proposer.drafter.config.hidden_size * len(proposer.feature_layers)
-    generator = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, proposer.drafter.config.vocab_size, (CONTEXT + 2,),
-                           generator=generator)  # fmt: skip
-    features = torch.randn(1, CONTEXT + 2, width, generator=generator).to(proposer.drafter.dtype)
-    proposer.start(tokens[:CONTEXT].tolist())
-    proposer.draft_block(DraftContext(tokens[:CONTEXT], features[:, :CONTEXT], slots))
-    crop_cache(proposer.cache, CONTEXT - 1)
-
-    def call():
-        proposer.draft_block(DraftContext(tokens, features[:, CONTEXT - 1 :], slots))
-        crop_cache(proposer.cache, CONTEXT - 1)
-
-    return call
+sys.path.insert(0, str(Path(__file__).parent))
+from draft_pass_cost import cycle  # noqa: E402 - the draft call `draft_pass_cost.py` times
 
 
 def with_operators(call):
@@ -77,7 +60,7 @@ def main(dtype: str) -> None:
         for layer in layers:
             layer.fused = False
         for slots in SLOTS:
-            calls = [draft_call(fused, slots), with_operators(draft_call(operators, slots))]
+            calls = [cycle(fused, slots, True), with_operators(cycle(operators, slots, True))]
             with torch.inference_mode():
                 ms_fused, ms_operators = interleaved_ms(calls, REPEATS, 5)
             print(f"| {method}, k = {slots} | {ms_fused:.2f} | {ms_operators:.2f} | "

@@ -33,20 +33,22 @@ SETTINGS = {  # name -> (--draft-dtype, --draft-block, the decoding pass)
 SLOTS, REPEATS = (1, 2, 3, 4, 5, 7), 25
 
 
-def cycle(proposer, slots: int):
-    """One draft of `slots` tokens after 2 new taps, the cache cropped back after it."""
+def cycle(proposer, slots: int, pass_only: bool = False):
+    """One draft of `slots` tokens after 2 new taps, the cache cropped back after it (`pass_only`:
+    the drafter's pass, `draft_block`, without a head's correction)."""
     width = proposer.drafter.config.hidden_size * len(proposer.feature_layers)
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, proposer.drafter.config.vocab_size, (CONTEXT + 2,),
                            generator=generator)  # fmt: skip
     dtype = proposer.drafter.dtype
     features = torch.randn(1, CONTEXT + 2, width, generator=generator).to(dtype)
+    draft = proposer.draft_block if pass_only else proposer.propose
     proposer.start(tokens[:CONTEXT].tolist())
-    proposer.propose(DraftContext(tokens[:CONTEXT], features[:, :CONTEXT], slots))
+    draft(DraftContext(tokens[:CONTEXT], features[:, :CONTEXT], slots))
     crop_cache(proposer.cache, CONTEXT - 1)
 
     def call():
-        proposer.propose(DraftContext(tokens, features[:, CONTEXT - 1 :], slots))
+        draft(DraftContext(tokens, features[:, CONTEXT - 1 :], slots))
         crop_cache(proposer.cache, CONTEXT - 1)
 
     return call
