@@ -4,10 +4,11 @@
 // A draft pass attends 4-24 query rows per kv head to a few hundred keys, without a mask; at that
 // size SDPA's CPU kernel spends most of its 50-170 µs on set-up. Here, per kv head and block of up
 // to 4 query rows of its query heads (grouped-query attention read in place: the q|k|v product's
-// view in, the o product's rows out, no regrouping copies around the call): scores with AVX-512 bf16 dot products (vdpbf16ps: bf16 pairs multiplied exactly,
-// summed in fp32) times the scale, a softmax in fp32 (exp by vector_math.h's polynomial,
-// relative error ~1e-7), then the values in fp32, rounded to bf16 once at the end. Not bit-equal
-// to SDPA (another order of sums): for the drafter only, whose tokens the target verifies.
+// view in, the o product's rows out, no regrouping copies around the call): scores with AVX-512
+// bf16 dot products (vdpbf16ps: bf16 pairs multiplied exactly, summed in fp32) times the scale,
+// a softmax in fp32 (exp by vector_math.h's polynomial, relative error ~1e-7), then the values in
+// fp32, rounded to bf16 once at the end. Not bit-equal to SDPA (another order of sums): for the
+// drafter only, whose tokens the target verifies.
 
 #include <torch/extension.h>
 

@@ -160,8 +160,8 @@ def column_table(token_ids: Tensor, vocab_size: int) -> Tensor:
 
 
 def hint_columns(token_ids: Tensor, column_of: Tensor) -> Tensor:
-    """Token ids (NO_HINT allowed) -> the vocabulary's columns by `column_of` (column_table; NO_HINT
-    for a token outside it): one lookup. The copy gate adds its bonus at these columns."""
+    """Token ids (NO_HINT allowed) -> the vocabulary's columns by `column_of` (column_table;
+    NO_HINT for a token outside it): one lookup. The copy gate adds its bonus at these columns."""
     return column_of[token_ids]
 
 

@@ -90,7 +90,7 @@ std::tuple<torch::Tensor, torch::Tensor> w4a8_qkv(
   TORCH_CHECK(out_features % head_dim == 0 && rotated * head_dim <= out_features,
               "the product's outputs are whole heads, the rotated ones first");
   const auto input = torch::cat({context, rms_norm(hidden, norm, eps)});
-  const auto heads =
-      int4_dot(input, weights, scales, zeros).narrow(1, 0, out_features).view({input.size(0), -1, head_dim});
+  const auto products = int4_dot(input, weights, scales, zeros).narrow(1, 0, out_features);
+  const auto heads = products.view({input.size(0), -1, head_dim});
   return {rotate(heads.narrow(1, 0, rotated), cos, signed_sin, qk_norm, eps), heads};
 }
