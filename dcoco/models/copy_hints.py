@@ -134,7 +134,7 @@ def add_copy_bonus(
     input is left as it was. `fused`: outside autograd on a CPU, one C++ call
     (cpu_kernels.copy_bonus, the same sums: ~10 against ~60 µs for 7 x 16,000 logits on a 2-core
     Zen 4); False keeps PyTorch's operators (vLLM's workers compile nothing of ours)."""
-    if fused and _fused_bonus(logits, bonus):
+    if fused and not bonus.requires_grad and cpu_kernels.takes_rows(logits):
         rows = logits.reshape(-1, logits.shape[-1])
         flat = cpu_kernels.kernels().copy_bonus(
             rows, bonus.reshape(-1).float().contiguous(), hint_columns.reshape(-1).contiguous()
@@ -143,11 +143,3 @@ def add_copy_bonus(
     out = logits.to(torch.float32, copy=True)  # one copy, added into in place
     added = (bonus * (hint_columns >= 0)).to(out.dtype)[..., None]
     return out.scatter_add_(-1, hint_columns.clamp(min=0)[..., None], added)
-
-
-def _fused_bonus(logits: Tensor, bonus: Tensor) -> bool:
-    if logits.dtype not in (torch.float32, torch.bfloat16) or logits.device.type != "cpu":
-        return False
-    if logits.requires_grad or bonus.requires_grad or logits.stride(-1) != 1:
-        return False
-    return cpu_kernels.kernels() is not None

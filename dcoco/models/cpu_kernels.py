@@ -87,6 +87,16 @@ def takes(x: Tensor) -> bool:
     return kernels() is not None
 
 
+def takes_rows(x: Tensor) -> bool:
+    """Whether the row kernels (row_argmax, copy_bonus) serve `x`: fp32 or bf16 rows [..., n] with
+    the last dim contiguous, on a CPU, outside autograd, and the kernels build here."""
+    if x.dtype not in (torch.float32, torch.bfloat16) or x.device.type != "cpu":
+        return False
+    if x.requires_grad or x.stride(-1) != 1:
+        return False
+    return kernels() is not None
+
+
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """[rows, n] or [outer, inner, n] -> the same, weight [n] or [inner, n] (takes(x) holds)."""
     return kernels().rms_norm(x, weight, eps)

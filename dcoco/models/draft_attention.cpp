@@ -19,7 +19,7 @@
 
 #include "vector_math.h"
 
-#ifdef DCOCO_VECTOR_MATH
+#ifdef DCOCO_VECTOR_BF16
 #define DCOCO_DRAFT_ATTENTION 1
 #endif
 

@@ -24,8 +24,9 @@
 #include <utility>
 #include <vector>
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#include <immintrin.h>
+#include "vector_math.h"
+
+#if defined(DCOCO_VECTOR_MATH) && defined(__AVX512VNNI__)
 #define DCOCO_INT4_DOT 1
 #endif
 
@@ -51,12 +52,8 @@ void load_group(const T* v, __m512& first, __m512& second) {
     first = _mm512_loadu_ps(v);
     second = _mm512_loadu_ps(v + LANES);
   } else {
-    const auto widen = [](const T* at) {
-      const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
-      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-    };
-    first = widen(v);
-    second = widen(v + LANES);
+    first = dcoco_vector::widen(v);
+    second = dcoco_vector::widen(v + LANES);
   }
 }
 
@@ -136,8 +133,8 @@ void block_rows(const uint8_t* weights, const at::Half* scales, const at::Half* 
   }
   for (int r = 0; r < R; ++r) {
     c10::BFloat16* row = y + (row0 + r) * stride;
-#ifdef __AVX512BF16__  // round to nearest even, as c10::BFloat16 does
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(row), (__m256i)_mm512_cvtneps_pbh(total[r]));
+#ifdef DCOCO_VECTOR_BF16  // round to nearest even, as c10::BFloat16 does
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(row), dcoco_vector::narrow(total[r]));
 #else
     alignas(64) float results[LANES];
     _mm512_store_ps(results, total[r]);

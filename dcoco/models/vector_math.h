@@ -1,8 +1,9 @@
-// AVX-512 helpers shared by the fused kernels that include this file (draft_attention.cpp,
-// w4a8_layer.cpp): bf16 <-> fp32 for 16 values and e^x by a polynomial.
+// AVX-512 helpers shared by the fused kernels (int4_dot.cpp, w4a8_layer.cpp, draft_attention.cpp):
+// bf16 <-> fp32 for 16 values and e^x by a polynomial. DCOCO_VECTOR_MATH where AVX-512 F and BW
+// are there (widen, exp); DCOCO_VECTOR_BF16 where AVX-512 bf16 is too (narrow, round_bf16).
 #pragma once
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
+#if defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
 
 #include <c10/util/BFloat16.h>
@@ -34,6 +35,9 @@ inline __m512 widen(const c10::BFloat16* at) {  // 16 bf16 -> 16 fp32
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
+#ifdef __AVX512BF16__
+#define DCOCO_VECTOR_BF16 1
+
 inline __m256i narrow(__m512 x) {  // 16 fp32 -> 16 bf16, to nearest even as c10::BFloat16
   return (__m256i)_mm512_cvtneps_pbh(x);
 }
@@ -41,6 +45,7 @@ inline __m256i narrow(__m512 x) {  // 16 fp32 -> 16 bf16, to nearest even as c10
 inline __m512 round_bf16(__m512 x) {  // x rounded to bf16, kept in fp32
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(narrow(x)), 16));
 }
+#endif
 
 }  // namespace dcoco_vector
 

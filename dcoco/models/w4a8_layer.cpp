@@ -36,7 +36,7 @@ void silu_mul(const bf16* gate_up, int64_t stride, int64_t up_at, int64_t rows, 
     const bf16* up = gate + up_at;
     bf16* out = act + r * width;
     int64_t i = 0;
-#ifdef DCOCO_VECTOR_MATH
+#ifdef DCOCO_VECTOR_BF16
     const __m512 one = _mm512_set1_ps(1.0f);
     for (; i + 16 <= width; i += 16) {
       const __m512 g = dcoco_vector::widen(gate + i);
