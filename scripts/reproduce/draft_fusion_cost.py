@@ -60,7 +60,10 @@ def main(dtype: str) -> None:
         for layer in layers:
             layer.fused = False
         for slots in SLOTS:
-            calls = [cycle(fused, slots, True), with_operators(cycle(operators, slots, True))]
+            calls = [
+                cycle(fused, slots, pass_only=True),
+                with_operators(cycle(operators, slots, pass_only=True)),
+            ]
             with torch.inference_mode():
                 ms_fused, ms_operators = interleaved_ms(calls, REPEATS, 5)
             print(f"| {method}, k = {slots} | {ms_fused:.2f} | {ms_operators:.2f} | "
