@@ -93,3 +93,23 @@ def test_only_the_parts_of_the_needed_records_are_built(tiny_llama_target, corpu
     assert [p.name[:9] for p in shard_dir(root, tiny_llama_target, TAPS).glob("*.bin")] == [
         "part-0001"
     ]
+
+
+def test_cache_parts_caches_the_trained_parts_and_reads_the_rest_online(
+    tiny_llama_target, corpus, tmp_path
+):
+    from types import SimpleNamespace
+
+    from dcoco.train.feature_cache import open_features
+
+    config = SimpleNamespace(
+        feature_cache=str(tmp_path / "cache"), max_records=0, cache_parts=1, corpus=str(corpus)
+    )
+    samples = load_corpus(corpus)
+    cache = open_features(config, tiny_llama_target, TAPS, samples)
+    assert sorted(cache.shards) == ["p0-0", "p0-1", "p0-2"]  # part 1 is not built
+    assert [
+        p.name[:9] for p in shard_dir(tmp_path / "cache", tiny_llama_target, TAPS).glob("*.bin")
+    ] == ["part-0000"]
+    later = next(s for s in samples if s.id == "p1-0")
+    torch.testing.assert_close(cache(later), TargetFeatures(tiny_llama_target, TAPS)(later))

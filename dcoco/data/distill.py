@@ -60,6 +60,11 @@ def read_part(part: Path, max_tokens: int | None = None) -> list[Sample]:
     return samples
 
 
+def part_record_ids(directory: str | Path, parts: int) -> frozenset[str]:
+    """The ids of the records in the corpus's first `parts` parts."""
+    return frozenset(s.id for part in corpus_parts(directory)[:parts] for s in read_part(part))
+
+
 def load_corpus(
     directory: str | Path, max_records: int | None = None, max_tokens: int | None = None
 ) -> list[Sample]:

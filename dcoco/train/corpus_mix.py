@@ -66,4 +66,5 @@ def open_features(config, target, taps: tuple[int, ...], samples, ranks):
         return features
     root = config.feature_cache or cache_dir()  # the main corpus's root (open_features)
     extra = build_feature_cache(target, taps, local(config.mix_corpus), root, ranks=ranks)
-    return FeatureCache({**features.shards, **extra.shards}, features.device, features.dtype)
+    shards = {**features.shards, **extra.shards}
+    return FeatureCache(shards, features.device, features.dtype, features.online)

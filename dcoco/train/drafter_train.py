@@ -60,6 +60,7 @@ class DrafterTrainConfig:
     copy_gate: bool = False
     mix_corpus: str = ""
     mix_share: float = 0.5
+    cache_parts: int = 0
 
     def __post_init__(self) -> None:
         positive = [
@@ -145,6 +146,8 @@ HELPS = {
     "the cache dir; empty = none",
     "mix_share": "the mix corpus's share of the training records: the corpus's records are "
     "subsampled (a fixed random subset) to leave it this share, or all kept",
+    "cache_parts": "train on the first n corpus parts only (0 = all): runs compare on the same "
+    "blocks while the corpus grows",
     "copy_gate": "add a learnt bonus to each hinted slot's hint logit, read from the slot's hidden "
     "state and zero at the start (implies --copy-hints; with --init, added to the init's weights)",
 }

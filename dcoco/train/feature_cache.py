@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from dcoco.data.distill import Sample, corpus_parts, read_part
+from dcoco.data.distill import Sample, corpus_parts, part_record_ids, read_part
 from dcoco.errors import DcocoError
 from dcoco.paths import cache_dir
 from dcoco.train.distributed import SINGLE, Ranks, barrier
@@ -139,13 +139,16 @@ class FeatureCache:
     """Cached taps for every record of a corpus: `features(sample)` -> [1, tokens, taps * hidden]
     on the target's device, in the target's dtype (the same interface as TargetFeatures)."""
 
-    def __init__(self, shards: dict[str, Shard], device, dtype):
+    def __init__(self, shards: dict[str, Shard], device, dtype, online=None):
         self.shards = shards  # record id -> its shard
         self.device = device
         self.dtype = dtype
+        self.online = online  # TargetFeatures for records outside the cached parts, or None
 
     def __call__(self, sample: Sample) -> Tensor:
         shard = self.shards.get(sample.id)
+        if shard is None and self.online is not None:
+            return self.online(sample)
         if shard is None:
             raise DcocoError(f"record {sample.id} is not in the feature cache; rebuild it")
         rows = shard.rows_of(sample.id, sample.num_tokens)
@@ -224,4 +227,18 @@ def open_features(
         return TargetFeatures(target, taps)
     root = config.feature_cache or cache_dir()
     needed = {s.id for s in samples} if config.max_records else None
-    return build_feature_cache(target, taps, config.corpus, root, needed=needed, ranks=ranks)
+    if not config.cache_parts:
+        return build_feature_cache(target, taps, config.corpus, root, needed=needed, ranks=ranks)
+    # Only the parts trained on are cached; the held-out records in later parts (a few dozen,
+    # read once when the run starts) are computed online.
+    trained = part_record_ids(config.corpus, config.cache_parts)
+    cache = build_feature_cache(
+        target,
+        taps,
+        config.corpus,
+        root,
+        needed=needed & trained if needed else trained,
+        ranks=ranks,
+    )
+    cache.online = TargetFeatures(target, taps)
+    return cache

@@ -63,7 +63,6 @@ class HeadTrainConfig(DrafterTrainConfig):
     corrector_cache: bool = False
     cache_stride: int = 8
     cache_build: bool = True
-    cache_parts: int = 0
     blocks_per_step: int = 256
 
     def __post_init__(self) -> None:
@@ -132,8 +131,7 @@ HEAD_HELPS = {
     "cache_stride": "with --corrector-cache: every n-th reply position is a cached block",
     "cache_build": "with --corrector-cache: build missing shards first (--no-cache-build: train "
     "on the shards built so far)",
-    "cache_parts": "train on the first n corpus parts only (0 = all): runs compare on the same "
-    "blocks while a cache grows, and --count-pairs counts the parts after them",
+    "cache_parts": HELPS["cache_parts"] + ", and --count-pairs counts the parts after them",
     "blocks_per_step": "with --corrector-cache: blocks per optimizer step",
     "init": "the drafter checkpoint to start from (required)",
 }
@@ -183,7 +181,6 @@ def train(
         build=build,
         train_drafter=config.mode == "joint",
         loss_weight=config.head_loss_weight,
-        train_ids=part_ids(config) if config.cache_parts else None,
         lr=config.head_lr,
     )
     return run_training(config, target, samples, progress_bar, head_setup=setup)
@@ -193,12 +190,6 @@ def init_dir(config: HeadTrainConfig) -> Path | None:
     """The --init checkpoint's directory (a path, or a name under checkpoints/<target>/)."""
     path = drafter_path(config.init, SimpleNamespace(name=config.target))
     return path if (path / WEIGHTS_FILE).is_file() else None
-
-
-def part_ids(config: HeadTrainConfig) -> frozenset[str]:
-    """The ids of the records in the first `cache_parts` corpus parts (those a run trains on)."""
-    parts = corpus_parts(config.corpus)[: config.cache_parts]
-    return frozenset(s.id for part in parts for s in read_part(part))
 
 
 def count_records(config: HeadTrainConfig) -> list[Sample]:

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dcoco.data.distill import Sample, load_corpus, split_heldout
+from dcoco.data.distill import Sample, load_corpus, part_record_ids, split_heldout
 from dcoco.errors import DcocoError
 from dcoco.models.drafter import BlockDrafter
 from dcoco.models.drafter_config import DrafterConfig, check_compatible
@@ -90,8 +90,9 @@ def setup(config, target, samples, head_setup: HeadSetup | None) -> Run:
     # A response shorter than a block has no full block to train on.
     samples = [s for s in samples if len(s.response_ids) >= drafter.config.block_size]
     train_set, heldout = split_heldout(samples, config.heldout)
-    if head_setup and head_setup.train_ids is not None:  # after the split: the same held-out
-        train_set = [s for s in train_set if s.id in head_setup.train_ids]
+    if config.cache_parts:  # after the split: the same held-out blocks
+        trained_ids = part_record_ids(config.corpus, config.cache_parts)
+        train_set = [s for s in train_set if s.id in trained_ids]
     train_set = mix_in(config, train_set, heldout, drafter.config.block_size)  # after the filter
     if not train_set:
         raise DcocoError(

@@ -21,7 +21,6 @@ class HeadSetup:
     build: Callable[[BlockDrafter], torch.nn.Module]  # drafter -> fresh head (zero output)
     train_drafter: bool  # True: joint; False: drop-in over a frozen drafter
     loss_weight: float = 1.0  # the head's loss relative to the drafter's (joint only)
-    train_ids: frozenset[str] | None = None  # train on these records only; None: all of them
     lr: float = 0.0  # the head's peak learning rate; 0: the drafter's (--lr)
 
 
