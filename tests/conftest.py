@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from dcoco.models.target import TargetModel
+from dcoco.models.target.target import TargetModel
 
 TINY_DIMS = dict(
     vocab_size=128,
@@ -141,8 +141,8 @@ VLLM_ENV = {
 def randomised_dcoco_checkpoint(path, target, drafter):
     from dcoco.data.bigram import successor_log_probs
     from dcoco.data.distill import Sample
-    from dcoco.models.head_io import save_with_head
-    from dcoco.models.head_registry import build_head
+    from dcoco.models.heads.head_io import save_with_head
+    from dcoco.models.heads.head_registry import build_head
 
     torch.manual_seed(0)
     prompts = [Sample(str(i), (), tuple(target.encode_chat(t))) for i, t in enumerate(VLLM_PROMPTS)]
@@ -164,8 +164,8 @@ def dcoco_checkpoint(tmp_path_factory):
     """The shipped drafter plus a randomised DCOCO corrector with every option, saved with
     save_with_head."""
     pytest.importorskip("vllm")
-    from dcoco.models.drafter_io import load_drafter
-    from dcoco.models.loading import load_target
+    from dcoco.models.drafter.drafter_io import load_drafter
+    from dcoco.models.target.loading import load_target
     from dcoco.paths import checkpoints_dir
 
     target = load_target(VLLM_TARGET, dtype="fp32", device="cpu")

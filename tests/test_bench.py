@@ -177,11 +177,11 @@ def test_compare_prints_the_shared_overall_table(target, monkeypatch, capsys):
 
 def test_bench_runs_head_methods_on_an_arbitrary_file(config, target, tmp_path):
     """`--methods plain,dcoco@DIR,...` on a prompts file: every head decodes losslessly (fp32)."""
-    from dcoco.models.corrector import Corrector, CorrectorConfig
-    from dcoco.models.drafter import BlockDrafter
-    from dcoco.models.drafter_config import DrafterConfig
-    from dcoco.models.head_io import save_with_head
-    from dcoco.models.sequential_heads import MarkovHead, MarkovHeadConfig
+    from dcoco.models.drafter.drafter import BlockDrafter
+    from dcoco.models.drafter.drafter_config import DrafterConfig
+    from dcoco.models.heads.corrector import Corrector, CorrectorConfig
+    from dcoco.models.heads.head_io import save_with_head
+    from dcoco.models.heads.sequential_heads import MarkovHead, MarkovHeadConfig
 
     drafter_config = DrafterConfig.for_target(target, num_layers=1, block_size=5, mask_token_id=3,
                                               target_layer_ids=(0, 2))  # fmt: skip
@@ -234,9 +234,9 @@ def test_heldout_on_a_bench_run_rebuilds_its_prompts(run_dir, target, tmp_path):
     from dcoco.decode.engine import Engine
     from dcoco.eval.bench_corpus import bench_samples
     from dcoco.eval.heldout import HeldoutConfig, markdown_table, measure
-    from dcoco.models.drafter import BlockDrafter
-    from dcoco.models.drafter_config import DrafterConfig
-    from dcoco.models.drafter_io import save_drafter
+    from dcoco.models.drafter.drafter import BlockDrafter
+    from dcoco.models.drafter.drafter_config import DrafterConfig
+    from dcoco.models.drafter.drafter_io import save_drafter
 
     samples = bench_samples(run_dir, target)
     assert sorted(s.id for s in samples) == sorted(

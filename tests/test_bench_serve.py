@@ -12,8 +12,8 @@ import pytest
 
 from dcoco.cli import main
 from dcoco.errors import DcocoError
-from dcoco.eval.serving_bench import BenchServeConfig, run_bench_serve
-from dcoco.eval.serving_metrics import (
+from dcoco.eval.served.bench import BenchServeConfig, run_bench_serve
+from dcoco.eval.served.metrics import (
     aggregate,
     parse_metrics,
     percentile,
@@ -154,7 +154,7 @@ def fake_server():
 def _run_two_servers(tmp_path, labels, **settings) -> tuple[int, int]:
     """`dcoco bench-serve --servers` over two fake servers labelled `labels` and 3 prompts, at 1
     and 2 streams; their ports (every request's port lands in _FakeServer.ports, in order)."""
-    from dcoco.eval.serving_bench import run
+    from dcoco.eval.served.bench import run
 
     servers = [_serve(), _serve()]
     a, b = (server.server_address[1] for server in servers)
@@ -209,7 +209,7 @@ def test_levels_split_into_turns_alternate_the_servers_within_a_level(tmp_path, 
 
 @pytest.mark.parametrize("turns", [0, 3])
 def test_turns_must_fit_the_rounds(tmp_path, turns):
-    from dcoco.eval.serving_bench import run
+    from dcoco.eval.served.bench import run
 
     prompts = tmp_path / "suite.jsonl"
     prompts.write_text(json.dumps({"id": "a", "category": "chat", "turns": ["hi"]}) + "\n")
@@ -222,7 +222,7 @@ def test_turns_must_fit_the_rounds(tmp_path, turns):
 
 @pytest.mark.parametrize("servers", [("plain",), ("a=http://x", "a=http://y"), ("=http://x",)])
 def test_servers_need_distinct_labels_and_urls(servers):
-    from dcoco.eval.serving_interleave import parse_servers
+    from dcoco.eval.served.interleave import parse_servers
 
     with pytest.raises(DcocoError, match="--servers"):
         parse_servers(servers)
@@ -293,7 +293,7 @@ def test_bench_serve_without_a_server_is_a_clear_error(tmp_path, capsys):
 
 
 def test_compare_tables_give_ratios_to_plain_and_dcocos_margins():
-    from dcoco.eval.serving_bench_report import margin_table, ratio_table
+    from dcoco.eval.served.report import margin_table, ratio_table
 
     def run(label: str, rates: dict[int, float]) -> dict:
         levels = [

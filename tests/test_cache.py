@@ -1,4 +1,5 @@
-"""The growing KV cache (dcoco.models.cache): the same logits as transformers' DynamicCache, with
+"""The growing KV cache (dcoco.models.target.cache): the same logits as transformers' DynamicCache,
+with
 appends written in place instead of copying the whole cache."""
 
 from __future__ import annotations
@@ -8,8 +9,8 @@ import torch
 from conftest import make_tiny_target
 from transformers import DynamicCache
 
-import dcoco.models.cache as cache_module
-from dcoco.models.cache import GrowingLayer, crop_cache, new_cache
+import dcoco.models.target.cache as cache_module
+from dcoco.models.target.cache import GrowingLayer, crop_cache, new_cache
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

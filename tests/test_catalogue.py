@@ -1,6 +1,7 @@
-"""The checkpoint catalogue (dcoco.models.catalogue): checkpoints/ holds exactly the catalogued
-checkpoints, each head carries the very drafter it is served with, and every method without `@`
-resolves to its catalogued default."""
+"""The checkpoint catalogue (dcoco.models.drafter.catalogue): checkpoints/ holds exactly the
+catalogued checkpoints (each a default or a recipe's init) and the draft vocabulary, each head
+carries the very drafter it is served with, and every method without `@` resolves to its
+catalogued default."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from dcoco.decode.methods import MethodOptions, checkpoint_dir, method_names, parse_method
-from dcoco.models.catalogue import default_checkpoint, drafter_digest, read_catalogue
-from dcoco.models.head_io import head_kind_of
+from dcoco.models.drafter.catalogue import default_checkpoint, drafter_digest, read_catalogue
+from dcoco.models.heads.head_io import head_kind_of
 from dcoco.paths import REPO_ROOT
 
 TARGET = "smollm2-135m-instruct"
@@ -30,6 +31,19 @@ def test_checkpoints_holds_only_catalogued_checkpoints():
         assert entry["status"] in ("default", "supported"), name
         assert entry["recipe"] and entry["heldout"]["tau_3"] > 1.0, name
         assert (ROOT / name / "provenance.json").is_file(), name
+
+
+def test_every_checkpoint_is_a_default_or_a_recipes_init_and_every_file_is_catalogued():
+    import json
+    import tomllib
+
+    recipes = (REPO_ROOT / "recipes" / TARGET).glob("*.toml")
+    inits = {s.get("init") for r in recipes for s in tomllib.loads(r.read_text())["stages"]}
+    for name, entry in catalogue().items():
+        assert entry["status"] == "default" or name in inits, f"{name} is superseded: remove it"
+    draft_vocab = json.loads((ROOT / "catalogue.json").read_text())["draft_vocab"]
+    files = {p.name for p in ROOT.iterdir() if p.is_file()} - {"catalogue.json"}
+    assert files == set(draft_vocab["files"]) and draft_vocab["recipe"]
 
 
 def test_each_checkpoint_is_the_kind_it_says_and_carries_its_drafter():

@@ -12,8 +12,7 @@ from dcoco.decode.dflash_proposer import DFlashProposer
 from dcoco.decode.engine import Engine
 from dcoco.decode.hybrid_proposer import HybridProposer
 from dcoco.decode.proposers import DraftContext
-from dcoco.models.cache import cache_length
-from dcoco.models.copy_hints import (
+from dcoco.models.drafter.copy_hints import (
     MAX_NGRAM,
     MIN_NGRAM,
     NO_HINT,
@@ -25,9 +24,10 @@ from dcoco.models.copy_hints import (
     match_length,
     match_table,
 )
-from dcoco.models.drafter import BlockDrafter
-from dcoco.models.drafter_config import DrafterConfig
-from dcoco.models.drafter_io import load_drafter, save_drafter
+from dcoco.models.drafter.drafter import BlockDrafter
+from dcoco.models.drafter.drafter_config import DrafterConfig
+from dcoco.models.drafter.drafter_io import load_drafter, save_drafter
+from dcoco.models.target.cache import cache_length
 from dcoco.train.block_pass import Item, LossVocab, block_chunks, chunk_losses
 
 BLOCK = 5

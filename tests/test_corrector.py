@@ -12,10 +12,10 @@ from dcoco.decode.dflash_proposer import DFlashProposer
 from dcoco.decode.engine import Engine
 from dcoco.decode.head_proposer import HeadProposer
 from dcoco.errors import DcocoError
-from dcoco.models.corrector import Corrector, CorrectorConfig
-from dcoco.models.drafter import BlockDrafter
-from dcoco.models.drafter_config import DrafterConfig
-from dcoco.models.selection import SELECTION_RULES, selected_token_ids
+from dcoco.models.drafter.drafter import BlockDrafter
+from dcoco.models.drafter.drafter_config import DrafterConfig
+from dcoco.models.heads.corrector import Corrector, CorrectorConfig
+from dcoco.models.heads.selection import SELECTION_RULES, selected_token_ids
 
 VOCAB, HIDDEN, SLOTS, TOP_K = 40, 12, 5, 4
 TAPS = (0, 1, 3)

@@ -13,7 +13,7 @@ from test_head_train import SHARED, two_mode_corpus
 
 from dcoco.decode.engine import Engine
 from dcoco.decode.methods import MethodOptions, build_proposer
-from dcoco.models.drafter_io import WEIGHTS_FILE, load_drafter
+from dcoco.models.drafter.drafter_io import WEIGHTS_FILE, load_drafter
 from dcoco.train.block_pass import AnchorRule, prepare_item
 from dcoco.train.corrector_cache import (
     CacheSpec,

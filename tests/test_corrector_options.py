@@ -16,13 +16,13 @@ from dcoco.decode.dflash_proposer import DFlashProposer
 from dcoco.decode.engine import Engine
 from dcoco.decode.head_proposer import HeadProposer
 from dcoco.errors import DcocoError
-from dcoco.models.candidate_features import with_anchor_slot
-from dcoco.models.corrector import Corrector, CorrectorConfig
-from dcoco.models.corrector_loss import with_labels_inserted
-from dcoco.models.drafter import BlockDrafter
-from dcoco.models.drafter_config import DrafterConfig
-from dcoco.models.heads import Candidates, HeadBatch
-from dcoco.models.selection import SELECTION_RULES, selected_token_ids
+from dcoco.models.drafter.drafter import BlockDrafter
+from dcoco.models.drafter.drafter_config import DrafterConfig
+from dcoco.models.heads.base import Candidates, HeadBatch
+from dcoco.models.heads.candidate_features import with_anchor_slot
+from dcoco.models.heads.corrector import Corrector, CorrectorConfig
+from dcoco.models.heads.corrector_loss import with_labels_inserted
+from dcoco.models.heads.selection import SELECTION_RULES, selected_token_ids
 
 VOCAB, HIDDEN, SLOTS, TOP_K = 40, 12, 5, 4
 OPTIONS = [
@@ -262,7 +262,7 @@ def test_a_counted_corrector_starts_at_the_argmax_and_adds_its_scaled_counts(anc
 
 
 def test_pair_counts_survive_a_checkpoint_round_trip(tiny_llama_target, tmp_path):
-    from dcoco.models.head_io import load_head, save_with_head
+    from dcoco.models.heads.head_io import load_head, save_with_head
 
     config = DrafterConfig.for_target(tiny_llama_target, num_layers=1, block_size=4,
                                       mask_token_id=3, target_layer_ids=(0, 1))  # fmt: skip

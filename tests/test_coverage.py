@@ -10,9 +10,9 @@ import torch
 
 from dcoco.data.distill import Sample
 from dcoco.eval.coverage import CoverageConfig, measure, write
-from dcoco.models.drafter import BlockDrafter
-from dcoco.models.drafter_config import DrafterConfig
-from dcoco.models.drafter_io import save_drafter
+from dcoco.models.drafter.drafter import BlockDrafter
+from dcoco.models.drafter.drafter_config import DrafterConfig
+from dcoco.models.drafter.drafter_io import save_drafter
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 BLOCK, TOP_K = 4, 5

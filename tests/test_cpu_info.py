@@ -1,10 +1,10 @@
-"""dcoco.models.cpu_info: the one reader of the CPU's model name and flags."""
+"""dcoco.models.cpu.cpu_info: the one reader of the CPU's model name and flags."""
 
 from __future__ import annotations
 
 import platform
 
-from dcoco.models.cpu_info import cpu_info
+from dcoco.models.cpu.cpu_info import cpu_info
 
 
 def test_the_first_model_name_and_flags_lines_are_read(tmp_path):

@@ -1,4 +1,4 @@
-"""The fused CPU kernels (dcoco.models.cpu_kernels): the operators' bf16 arithmetic, served only
+"""The fused CPU kernels (dcoco.models.cpu.cpu_kernels): the operators' bf16 arithmetic, served only
 where they apply, and PyTorch's operators where they are off or cannot build."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dcoco.models import cpu_kernels
-from dcoco.models.layer_loop import rms_norm, rotate
+from dcoco.models.cpu import cpu_kernels
+from dcoco.models.target.layer_loop import rms_norm, rotate
 
 BF16 = torch.bfloat16
 

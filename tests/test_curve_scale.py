@@ -62,7 +62,8 @@ def test_the_engine_times_every_verify_against_the_curve(tmp_path, monkeypatch):
 
 
 def test_a_proposals_setup_time_is_no_draft_cost(tmp_path, monkeypatch):
-    """A draft head compiling on its first call (dcoco.models.head_compile) reports the seconds as
+    """A draft head compiling on its first call (dcoco.models.heads.head_compile) reports the
+    seconds as
     `setup_s`: neither the policy's draft cost nor the reply's time counts them."""
     monkeypatch.setenv("DCOCO_CACHE_DIR", str(tmp_path))
     torch.set_num_threads(1)

@@ -71,7 +71,7 @@ def test_slots_outside_the_loss_vocab_do_not_dilute_the_loss(tiny_llama_target, 
 def test_snapshot_and_curves_report_the_run(tiny_llama_target, tmp_path):
     from dcoco.eval.train_curves import TrainCurvesConfig
     from dcoco.eval.train_curves import run as curves
-    from dcoco.models.drafter_io import load_drafter
+    from dcoco.models.drafter.drafter_io import load_drafter
 
     out = tmp_path / "run-a"
     config = tiny_config(out, max_steps=20, save_every=10, eval_every=10, anchor_stride=2)

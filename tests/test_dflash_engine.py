@@ -10,9 +10,9 @@ from conftest import TINY_RUN
 from dcoco.data.distill import Sample
 from dcoco.decode.dflash_proposer import DFlashProposer
 from dcoco.decode.engine import Engine
-from dcoco.models.drafter import BlockDrafter
-from dcoco.models.drafter_config import DrafterConfig
-from dcoco.models.drafter_io import load_drafter
+from dcoco.models.drafter.drafter import BlockDrafter
+from dcoco.models.drafter.drafter_config import DrafterConfig
+from dcoco.models.drafter.drafter_io import load_drafter
 from dcoco.train.drafter_train import DrafterTrainConfig, train
 
 TAPS = (0, 1, 3)

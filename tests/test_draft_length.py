@@ -20,7 +20,7 @@ from dcoco.decode.engine import Engine
 from dcoco.decode.proposers import PromptLookupProposer
 from dcoco.decode.session import DecodeConfig
 from dcoco.errors import DcocoError
-from dcoco.models.drafter_io import stored_slot_accuracy
+from dcoco.models.drafter.drafter_io import stored_slot_accuracy
 
 FLAT = CostCurve("flat", {n: 10.0 for n in range(1, 17)})  # verifying costs the same for any k
 LINEAR = CostCurve("linear", {n: 10.0 * n for n in range(1, 17)})  # each token costs a step
@@ -175,8 +175,8 @@ def test_auto_with_no_drafts_keeps_output_and_feeds_the_drafter_every_tap(tmp_pa
     drafts again (after EXPLORE_EVERY cycles, then ever fewer), and the output stays plain
     decoding's."""
     from dcoco.decode.dflash_proposer import DFlashProposer
-    from dcoco.models.drafter import BlockDrafter
-    from dcoco.models.drafter_config import DrafterConfig
+    from dcoco.models.drafter.drafter import BlockDrafter
+    from dcoco.models.drafter.drafter_config import DrafterConfig
 
     monkeypatch.setenv("DCOCO_CACHE_DIR", str(tmp_path))
     torch.manual_seed(0)
@@ -244,9 +244,9 @@ def test_profile_prints_curves_and_method_costs(tmp_path, monkeypatch, capsys):
     mapping "1".."N" to ms, the drafter's cost per slot count, and the k auto starts with."""
     from dcoco.decode import auto_precision
     from dcoco.eval import profile
-    from dcoco.models.drafter import BlockDrafter
-    from dcoco.models.drafter_config import DrafterConfig
-    from dcoco.models.drafter_io import save_drafter
+    from dcoco.models.drafter.drafter import BlockDrafter
+    from dcoco.models.drafter.drafter_config import DrafterConfig
+    from dcoco.models.drafter.drafter_io import save_drafter
 
     monkeypatch.setenv("DCOCO_CACHE_DIR", str(tmp_path / "cache"))
     target = make_tiny_target("llama")

@@ -1,6 +1,7 @@
-"""The drafter's decoding pass (dcoco.models.draft_pass): the module's arithmetic bit for bit, a
+"""The drafter's decoding pass (dcoco.models.drafter.draft_pass): the module's arithmetic bit for
+bit, a
 block cut to the drafted slots (`--draft-block drafted`) and int4 products
-(`--draft-dtype int4`, dcoco.models.int4_groups); decoding with either stays plain's."""
+(`--draft-dtype int4`, dcoco.models.target.int4_groups); decoding with either stays plain's."""
 
 from __future__ import annotations
 
@@ -17,14 +18,14 @@ from dcoco.decode.draft_precision import check_draft_block, drafter_product
 from dcoco.decode.engine import Engine
 from dcoco.decode.methods import MethodOptions, build_proposer
 from dcoco.errors import DcocoError
-from dcoco.models import int4_dot
-from dcoco.models.draft_pass import DraftPass
-from dcoco.models.drafter import BlockDrafter
-from dcoco.models.drafter_config import DrafterConfig
-from dcoco.models.drafter_io import save_drafter
-from dcoco.models.gguf_weights import GROUP, dequantise
-from dcoco.models.int4_dot import int4_dot_available, w4a8_linear
-from dcoco.models.int4_groups import int4_linear, quantise_int4
+from dcoco.models.drafter.draft_pass import DraftPass
+from dcoco.models.drafter.drafter import BlockDrafter
+from dcoco.models.drafter.drafter_config import DrafterConfig
+from dcoco.models.drafter.drafter_io import save_drafter
+from dcoco.models.target import int4_dot
+from dcoco.models.target.gguf_weights import GROUP, dequantise
+from dcoco.models.target.int4_dot import int4_dot_available, w4a8_linear
+from dcoco.models.target.int4_groups import int4_linear, quantise_int4
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TAPS = (0, 1, 3)

@@ -11,10 +11,10 @@ import dcoco.decode.draft_precision as draft_precision
 from dcoco.decode.engine import Engine
 from dcoco.decode.methods import MethodOptions, build_proposer
 from dcoco.errors import DcocoError
-from dcoco.models.drafter import BlockDrafter
-from dcoco.models.drafter_config import DrafterConfig
-from dcoco.models.drafter_io import load_drafter, save_drafter
-from dcoco.models.precision import quantise_int8_weights
+from dcoco.models.drafter.drafter import BlockDrafter
+from dcoco.models.drafter.drafter_config import DrafterConfig
+from dcoco.models.drafter.drafter_io import load_drafter, save_drafter
+from dcoco.models.target.precision import quantise_int8_weights
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -11,6 +11,9 @@ import pytest
 from dcoco.errors import DcocoError
 from dcoco.serving import auto_schedule, draft_schedule
 from dcoco.serving.draft_schedule import OPEN_END, format_schedule, parse
+from dcoco.serving.vllm.settings import SETTINGS_ENV, PluginSettings
+
+SAMPLED_1_2 = PluginSettings(sampled_schedule="1:2,2-:0").environment()  # sampled: K 2 at 1
 
 
 def test_parse_and_format_round_trip():
@@ -33,34 +36,23 @@ def test_k0_context_limit_follows_both_schedules(monkeypatch):
     never drafts); with no per-batch schedule it always stores it."""
     from types import SimpleNamespace
 
-    from dcoco.serving import vllm_no_draft, vllm_sampled_drafts
+    from dcoco.serving.vllm import no_draft as vllm_no_draft
 
     def limit(greedy, sampled=None, margin=None, all_sampled=False):
-        env = {draft_schedule.SCHEDULE_ENV: sampled} if sampled else {}
-        monkeypatch.delenv(draft_schedule.SCHEDULE_ENV, raising=False)
-        monkeypatch.delenv(draft_schedule.CONTEXT_MARGIN_ENV, raising=False)
-        for key, value in {
-            **env,
-            **({draft_schedule.CONTEXT_MARGIN_ENV: margin} if margin else {}),
-        }.items():
-            monkeypatch.setenv(key, value)
-        vllm_sampled_drafts.sampled_schedule.cache_clear()
+        settings = PluginSettings(sampled_schedule=sampled or "", context_margin=margin or 1)
+        monkeypatch.setenv(SETTINGS_ENV, settings.environment()[SETTINGS_ENV])
         config = SimpleNamespace(num_speculative_tokens_per_batch_size=greedy)
         runner = SimpleNamespace(speculative_config=config)
         return vllm_no_draft._context_limit(runner, all_sampled)
 
-    try:
-        assert limit([[1, 2, 7], [3, OPEN_END, 0]]) == 2 + vllm_no_draft.CONTEXT_MARGIN
-        assert limit([[1, 2, 7], [3, OPEN_END, 0]], sampled="1-4:1,5-:0", margin="3") == 7
-        assert (
-            limit([[1, 1, 7], [2, OPEN_END, 0]], sampled="1-:0") == 1 + vllm_no_draft.CONTEXT_MARGIN
-        )
-        assert limit(None) >= OPEN_END
-        assert limit([[1, 1, 7], [2, OPEN_END, 0]], sampled="1-:0", all_sampled=True) == 0
-        assert limit([[1, 4, 7], [5, OPEN_END, 0]], sampled="1-2:1,3-:0", all_sampled=True) == 3
-        assert limit([[1, 2, 7], [3, OPEN_END, 0]], all_sampled=True) == 2 + 1  # as greedy
-    finally:
-        vllm_sampled_drafts.sampled_schedule.cache_clear()
+    margin = PluginSettings().context_margin
+    assert limit([[1, 2, 7], [3, OPEN_END, 0]]) == 2 + margin
+    assert limit([[1, 2, 7], [3, OPEN_END, 0]], sampled="1-4:1,5-:0", margin=3) == 7
+    assert limit([[1, 1, 7], [2, OPEN_END, 0]], sampled="1-:0") == 1 + margin
+    assert limit(None) >= OPEN_END
+    assert limit([[1, 1, 7], [2, OPEN_END, 0]], sampled="1-:0", all_sampled=True) == 0
+    assert limit([[1, 4, 7], [5, OPEN_END, 0]], sampled="1-2:1,3-:0", all_sampled=True) == 3
+    assert limit([[1, 2, 7], [3, OPEN_END, 0]], all_sampled=True) == 2 + 1  # as greedy
 
 
 @pytest.mark.parametrize(
@@ -205,50 +197,42 @@ def test_sampled_schedule_never_drafts_more_than_the_greedy_one():
 
 
 def test_sampled_requests_drafts_are_trimmed_by_their_schedule(monkeypatch):
-    from dcoco.serving import vllm_sampled_drafts as sampled_drafts
+    from dcoco.serving.vllm import sampled_drafts
 
-    monkeypatch.setenv(sampled_drafts.SCHEDULE_ENV, "1:2,2-:0")
-    sampled_drafts.sampled_schedule.cache_clear()
-    try:
-        drafts = [[5, 6, 7], [8, 9, 10]]
-        assert sampled_drafts.trim_sampled(drafts, ["a", "b"], {"b"}) == [[5, 6, 7], []]
-        assert sampled_drafts.trim_sampled([[5, 6, 7]], ["b"], {"b"}) == [[5, 6]]
-        assert sampled_drafts.trim_sampled(drafts, ["a", "b"], set()) == drafts
-        monkeypatch.delenv(sampled_drafts.SCHEDULE_ENV)
-        sampled_drafts.sampled_schedule.cache_clear()
-        assert sampled_drafts.sampled_drafts(4) is None
-    finally:
-        sampled_drafts.sampled_schedule.cache_clear()
+    monkeypatch.setenv(SETTINGS_ENV, SAMPLED_1_2[SETTINGS_ENV])
+    drafts = [[5, 6, 7], [8, 9, 10]]
+    assert sampled_drafts.trim_sampled(drafts, ["a", "b"], {"b"}) == [[5, 6, 7], []]
+    assert sampled_drafts.trim_sampled([[5, 6, 7]], ["b"], {"b"}) == [[5, 6]]
+    assert sampled_drafts.trim_sampled(drafts, ["a", "b"], set()) == drafts
+    monkeypatch.delenv(SETTINGS_ENV)
+    assert sampled_drafts.sampled_drafts(4) is None
 
 
 def test_scheduler_asks_sampled_steps_for_the_sampled_schedules_k(monkeypatch):
     from types import SimpleNamespace
 
-    from dcoco.serving import vllm_sampled_drafts as sampled_drafts
+    from dcoco.serving.vllm import sampled_drafts
 
     def request(temperature):
         return SimpleNamespace(sampling_params=SimpleNamespace(temperature=temperature))
 
-    monkeypatch.setenv(sampled_drafts.SCHEDULE_ENV, "1:2,2-:0")
-    sampled_drafts.sampled_schedule.cache_clear()
-    try:
-        scheduler = SimpleNamespace(running=[request(1.0)])
-        lookup = sampled_drafts.SampledAwareLookup([0, 7, 3, 0], scheduler)
-        assert lookup[1] == 2 and lookup[2] == 0 and lookup[3] == 0
-        scheduler.running = [request(1.0), request(0.0)]  # replaced, as vLLM's scheduler does
-        assert lookup[1] == 7 and lookup[2] == 3
-        scheduler.running = [SimpleNamespace(sampling_params=None)]  # pooling: not sampled
-        assert lookup[2] == 3
-    finally:
-        sampled_drafts.sampled_schedule.cache_clear()
+    monkeypatch.setenv(SETTINGS_ENV, SAMPLED_1_2[SETTINGS_ENV])
+    scheduler = SimpleNamespace(running=[request(1.0)])
+    lookup = sampled_drafts.SampledAwareLookup([0, 7, 3, 0], scheduler)
+    assert lookup[1] == 2 and lookup[2] == 0 and lookup[3] == 0
+    scheduler.running = [request(1.0), request(0.0)]  # replaced, as vLLM's scheduler does
+    assert lookup[1] == 7 and lookup[2] == 3
+    scheduler.running = [SimpleNamespace(sampling_params=None)]  # pooling: not sampled
+    assert lookup[2] == 3
 
 
 def test_serve_passes_the_sampled_schedule_to_the_server_processes():
-    from dcoco.serving.draft_schedule import schedule_env
-    from dcoco.serving.vllm_sampled_drafts import SCHEDULE_ENV
-
-    assert schedule_env("1:7,2-:0/1-:0") == {SCHEDULE_ENV: "1-:0"}
-    assert schedule_env("1:7,2-:0") == {} and schedule_env("fixed") == {}
+    assert PluginSettings().with_schedule("1:7,2-:0/1-:0").sampled_schedule == "1-:0"
+    for text in ("1:7,2-:0", "fixed"):
+        assert PluginSettings().with_schedule(text) == PluginSettings()
+    assert PluginSettings().with_schedule("1:7,2-:0/1-:0").environment() != (
+        PluginSettings().environment()
+    )
 
 
 class _FakeEngine:
@@ -292,7 +276,7 @@ class _FakeEngine:
 
 
 def test_probe_queue_keeps_the_batch_full_and_counts_tokens_after_the_first_completion():
-    from dcoco.serving.vllm_queue import queue_rate
+    from dcoco.serving.vllm.engine_queue import queue_rate
 
     # even-numbered requests emit 4 tokens a step, odd ones 1: a batch started together would
     # end with the slow ones running alone; the queue refills every finished slot at once

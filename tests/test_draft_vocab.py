@@ -16,9 +16,8 @@ from dcoco.decode.engine import Engine
 from dcoco.decode.head_proposer import HeadProposer
 from dcoco.decode.methods import draft_vocab_ids
 from dcoco.errors import DcocoError
-from dcoco.models.copy_hints import NO_HINT
-from dcoco.models.corrector import Corrector, CorrectorConfig
-from dcoco.models.draft_vocab import (
+from dcoco.models.drafter.copy_hints import NO_HINT
+from dcoco.models.drafter.draft_vocab import (
     PROVENANCE_FILE,
     RANKING_FILE,
     head_rows,
@@ -27,12 +26,13 @@ from dcoco.models.draft_vocab import (
     read_ranking,
     write_ranking,
 )
-from dcoco.models.drafter import BlockDrafter
-from dcoco.models.drafter_config import DrafterConfig
-from dcoco.models.head_registry import build_head
-from dcoco.models.heads import select_draft
-from dcoco.models.packed_linear import PackedLinear, onednn_available
-from dcoco.models.precision import Int8WeightLinear
+from dcoco.models.drafter.drafter import BlockDrafter
+from dcoco.models.drafter.drafter_config import DrafterConfig
+from dcoco.models.heads.base import select_draft
+from dcoco.models.heads.corrector import Corrector, CorrectorConfig
+from dcoco.models.heads.head_registry import build_head
+from dcoco.models.target.packed_linear import PackedLinear, onednn_available
+from dcoco.models.target.precision import Int8WeightLinear
 from dcoco.train.draft_vocab_build import DraftVocabConfig, run
 
 TAPS = (0, 1, 3)

@@ -12,8 +12,12 @@ from transformers.models.qwen3.modeling_qwen3 import (
 )
 
 from dcoco.errors import DcocoError
-from dcoco.models.drafter import BlockDrafter
-from dcoco.models.drafter_config import DrafterConfig, build_target_layer_ids, check_compatible
+from dcoco.models.drafter.drafter import BlockDrafter
+from dcoco.models.drafter.drafter_config import (
+    DrafterConfig,
+    build_target_layer_ids,
+    check_compatible,
+)
 from dcoco.train.blocks import block_attention_mask, block_inputs_and_labels
 
 TAPS = (0, 1, 3)

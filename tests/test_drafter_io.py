@@ -11,9 +11,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from dcoco.errors import DcocoError
-from dcoco.models.drafter import BlockDrafter
-from dcoco.models.drafter_config import DrafterConfig
-from dcoco.models.drafter_io import load_drafter, save_drafter
+from dcoco.models.drafter.drafter import BlockDrafter
+from dcoco.models.drafter.drafter_config import DrafterConfig
+from dcoco.models.drafter.drafter_io import load_drafter, save_drafter
 
 
 @pytest.fixture

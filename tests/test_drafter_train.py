@@ -13,7 +13,7 @@ from dcoco import paths
 from dcoco.config import config_from_args
 from dcoco.data.distill import Sample
 from dcoco.errors import DcocoError
-from dcoco.models.drafter_io import load_drafter
+from dcoco.models.drafter.drafter_io import load_drafter
 from dcoco.train import drafter_train, loop
 from dcoco.train.drafter_train import DrafterTrainConfig, train
 

@@ -11,7 +11,7 @@ from dcoco.decode.engine import Engine
 from dcoco.decode.proposers import PromptLookupProposer
 from dcoco.decode.reference import reference_greedy
 from dcoco.errors import DcocoError
-from dcoco.models.cache import crop_cache
+from dcoco.models.target.cache import crop_cache
 
 PROMPT = [5, 17, 33, 17, 33, 9, 64, 17, 33, 9]
 

@@ -11,11 +11,11 @@ import torch
 from safetensors.torch import load_file
 
 from dcoco.errors import DcocoError
-from dcoco.models.drafter import BlockDrafter
-from dcoco.models.drafter_config import DrafterConfig
-from dcoco.models.drafter_io import load_drafter
-from dcoco.models.head_io import save_with_head
-from dcoco.models.head_registry import build_head
+from dcoco.models.drafter.drafter import BlockDrafter
+from dcoco.models.drafter.drafter_config import DrafterConfig
+from dcoco.models.drafter.drafter_io import load_drafter
+from dcoco.models.heads.head_io import save_with_head
+from dcoco.models.heads.head_registry import build_head
 from dcoco.serving.export import ExportConfig, export
 
 

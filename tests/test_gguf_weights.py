@@ -1,4 +1,5 @@
-"""Precision gguf: Q4_1 codes run through torch's int4 CPU kernel (dcoco.models.gguf_weights)."""
+"""Precision gguf: Q4_1 codes run through torch's int4 CPU kernel
+(dcoco.models.target.gguf_weights)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import torch
 from conftest import make_tiny_target
 
 from dcoco.errors import DcocoError
-from dcoco.models import gguf_weights
-from dcoco.models.cache import crop_cache
-from dcoco.models.gguf_weights import (
+from dcoco.models.target import gguf_weights
+from dcoco.models.target.cache import crop_cache
+from dcoco.models.target.gguf_weights import (
     GROUP,
     Int4GroupLinear,
     _check_same_weight,
@@ -19,11 +20,11 @@ from dcoco.models.gguf_weights import (
     install_int4,
     q4_1_blocks,
 )
-from dcoco.models.int4_dot import Int4DotLinear, int4_dot_available
-from dcoco.models.precision import resolve_attention
-from dcoco.models.rowwise_attention import MAX_ROWWISE_QUERIES, hf_attention
-from dcoco.models.shared_input import OutputSlice
-from dcoco.models.target import TargetModel
+from dcoco.models.target.int4_dot import Int4DotLinear, int4_dot_available
+from dcoco.models.target.precision import resolve_attention
+from dcoco.models.target.rowwise_attention import MAX_ROWWISE_QUERIES, hf_attention
+from dcoco.models.target.shared_input import OutputSlice
+from dcoco.models.target.target import TargetModel
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

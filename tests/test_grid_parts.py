@@ -1,4 +1,5 @@
-"""The prefix-first walk from one row per slot pair (dcoco.models.grid_parts): each row it computes
+"""The prefix-first walk from one row per slot pair (dcoco.models.heads.grid_parts): each row it
+computes
 has the bits of the whole grid's row, so outside autograd `select` picks what the grid's rule
 picks, without filling the K x K grid."""
 
@@ -8,11 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-import dcoco.models.grid_parts as grid_parts
+import dcoco.models.heads.grid_parts as grid_parts
 from dcoco.data.bigram import successor_log_probs
 from dcoco.data.distill import Sample
-from dcoco.models.candidate_features import top_candidates
-from dcoco.models.selection import SELECTION_RULES, WALKS, selected_token_ids
+from dcoco.models.heads.candidate_features import top_candidates
+from dcoco.models.heads.selection import SELECTION_RULES, WALKS, selected_token_ids
 from tests.test_corrector_options import OPTIONS, TOP_K, VOCAB, make_corrector, random_block
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dcoco.errors import DcocoError
-from dcoco.models.drafter_io import load_drafter
+from dcoco.models.drafter.drafter_io import load_drafter
 from dcoco.train.drafter_train import train
 from dcoco.train.grow import grow_drafter
 from tests.test_drafter import setup as setup  # noqa: F401 (the drafter fixture)

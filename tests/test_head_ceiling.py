@@ -8,17 +8,16 @@ import pytest
 from dcoco.errors import DcocoError
 from dcoco.paths import checkpoints_dir
 from dcoco.serving import auto_schedule, schedule_choice
-from dcoco.serving.draft_schedule import (
-    HEAD_ENV,
-    OPEN_END,
-    SAMPLED_HEAD_ENV,
-    parse_pair,
-    schedule_env,
-    split,
-    with_ceiling,
-)
+from dcoco.serving.draft_schedule import OPEN_END, parse_pair, split, with_ceiling
 from dcoco.serving.head_ceiling import choose_ceiling, head_max_batch, merged_rates
-from dcoco.serving.vllm_sampled_drafts import SCHEDULE_ENV
+from dcoco.serving.vllm.settings import PluginSettings, use
+
+
+def settings(text: str) -> tuple[str, int, int]:
+    """(sampled schedule, N, M) that `dcoco serve` hands vLLM's processes for `text`."""
+    s = PluginSettings().with_schedule(text)
+    return s.sampled_schedule, s.head_max_batch, s.sampled_head_max_batch
+
 
 WITH_HEAD = {1: {0: 30.0, 2: 60.0}, 4: {0: 100.0, 2: 130.0}, 8: {0: 150.0, 2: 150.0}}
 
@@ -67,7 +66,7 @@ def test_schedule_from_a_probe_with_the_head_off_cells():
     assert schedule_choice.schedule_from(summary)[0] == "1-4:2,5-:0/1:1,2-:0"
 
 
-def test_ceiling_travels_in_the_schedule_text_to_the_plugins_environment():
+def test_ceiling_travels_in_the_schedule_text_to_the_plugins_settings():
     assert split("1:7,2-:0/1-:0@8") == ("1:7,2-:0/1-:0", 8, 8)
     assert split("1:7,2-:0") == ("1:7,2-:0", OPEN_END, OPEN_END)
     assert with_ceiling("1:7,2-:0/1-:0", 8) == "1:7,2-:0/1-:0@8"
@@ -76,35 +75,35 @@ def test_ceiling_travels_in_the_schedule_text_to_the_plugins_environment():
         [(1, 1, 7), (2, OPEN_END, 0)],
         [(1, OPEN_END, 0)],
     )
-    assert schedule_env("1:7,2-:0/1-:0@8") == {SCHEDULE_ENV: "1-:0", HEAD_ENV: "8"}
-    assert schedule_env("1:7,2-:0/1-:0") == {SCHEDULE_ENV: "1-:0"}
-    assert schedule_env("1:7,2-:0@0") == {HEAD_ENV: "0"}
+    assert settings("1:7,2-:0/1-:0@8") == ("1-:0", 8, 8)
+    assert settings("1:7,2-:0/1-:0") == ("1-:0", OPEN_END, OPEN_END)
+    assert settings("1:7,2-:0@0") == ("", 0, 0)
     # `/M`: the ceiling in steps of sampled requests only
     assert split("1:7,2-:0/1:2,2-:0@8/0") == ("1:7,2-:0/1:2,2-:0", 8, 0)
     assert with_ceiling("1:7,2-:0/1-:0", 8, 0) == "1:7,2-:0/1-:0@8/0"
     assert with_ceiling("1:7,2-:0/1-:0", 8, 8) == "1:7,2-:0/1-:0@8"
-    assert schedule_env("1:7,2-:0/1:2,2-:0@8/0") == {
-        SCHEDULE_ENV: "1:2,2-:0",
-        HEAD_ENV: "8",
-        SAMPLED_HEAD_ENV: "0",
-    }
-    assert schedule_env("1:7,2-:0@65536/2") == {SAMPLED_HEAD_ENV: "2"}
+    assert settings("1:7,2-:0/1:2,2-:0@8/0") == ("1:2,2-:0", 8, 0)
+    assert settings("1:7,2-:0@65536/2") == ("", OPEN_END, 2)
     for bad in ("1:7,2-:0@eight", "1:7,2-:0@8/", "1:7,2-:0@8/x"):
         with pytest.raises(DcocoError, match="after @ comes the head's largest batch size"):
             parse_pair(bad, max_k=7)
 
 
 def test_plugin_reads_the_ceiling_at_every_step(monkeypatch):
-    monkeypatch.delenv(HEAD_ENV, raising=False)
-    monkeypatch.delenv(SAMPLED_HEAD_ENV, raising=False)
+    from dcoco.serving.vllm.settings import SETTINGS_ENV
+
+    monkeypatch.delenv(SETTINGS_ENV, raising=False)
     assert head_max_batch() == OPEN_END
-    monkeypatch.setenv(HEAD_ENV, "4")
+    use(PluginSettings().with_schedule("1-:7@4"))
     assert head_max_batch() == 4
-    monkeypatch.setenv(HEAD_ENV, "0")
+    use(PluginSettings().with_schedule("1-:7@0"))
     assert head_max_batch() == 0
     assert head_max_batch(sampled_step=True) == 0  # M defaults to N
-    monkeypatch.setenv(SAMPLED_HEAD_ENV, "2")
+    use(PluginSettings().with_schedule("1-:7@0/2"))
     assert (head_max_batch(), head_max_batch(sampled_step=True)) == (0, 2)
+    monkeypatch.setenv(SETTINGS_ENV, "{not json")
+    with pytest.raises(DcocoError, match="not dcoco's plugin settings"):
+        head_max_batch()
 
 
 def test_probe_times_the_head_off_only_for_a_drafter_with_a_head():
@@ -118,7 +117,7 @@ def test_probe_times_the_head_off_only_for_a_drafter_with_a_head():
 
 
 def test_probe_times_every_k_and_the_head_off_in_alternation_batch_by_batch():
-    from dcoco.serving.vllm_schedule_probe import cell_order
+    from dcoco.serving.vllm.schedule_probe import cell_order
 
     variants = [(0, True), (2, True), (2, False)]  # (K, head on)
     order = cell_order([1, 2, 4, 8], variants)

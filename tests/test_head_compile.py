@@ -1,4 +1,4 @@
-"""A draft head's compiled pick (dcoco.models.head_compile): the eager picks in fp32 at every
+"""A draft head's compiled pick (dcoco.models.heads.head_compile): the eager picks in fp32 at every
 batch size and slot count after one warm-up, no recompiling past it, the eager call where
 compiling fails, and our engine's `dcoco` drafting with it as with the eager call."""
 
@@ -11,9 +11,9 @@ import torch
 
 from dcoco.decode.engine import Engine
 from dcoco.decode.head_proposer import HeadProposer
-from dcoco.models.corrector import Corrector, CorrectorConfig
-from dcoco.models.head_compile import HeadSelect
-from dcoco.models.heads import select_draft
+from dcoco.models.heads.base import select_draft
+from dcoco.models.heads.corrector import Corrector, CorrectorConfig
+from dcoco.models.heads.head_compile import HeadSelect
 from tests.test_corrector_options import make_corrector, random_block
 from tests.test_draft_vocab import RecordingProposer, make_drafter, vocab_ids
 

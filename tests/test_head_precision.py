@@ -1,4 +1,5 @@
-"""The LM head's precision (dcoco.models.head_precision, `--head-dtype`): an fp32 head beside a
+"""The LM head's precision (dcoco.models.target.head_precision, `--head-dtype`): an fp32 head
+beside a
 half-precision target computes each verify row as the step computes it, output stays plain's, a
 drafter in fp32 shares it, and `auto` weighs it only where it may pay."""
 
@@ -11,17 +12,17 @@ from conftest import make_tiny_target
 
 import dcoco.decode.auto_precision as auto_precision
 import dcoco.decode.cost_curve as cost_curve
-import dcoco.models.head_precision as head_precision
+import dcoco.models.target.head_precision as head_precision
 from dcoco.decode.engine import Engine
 from dcoco.decode.methods import MethodOptions, build_proposer
 from dcoco.decode.session import DecodeConfig
 from dcoco.errors import DcocoError
-from dcoco.models.drafter import BlockDrafter
-from dcoco.models.drafter_config import DrafterConfig
-from dcoco.models.drafter_io import save_drafter
-from dcoco.models.head_precision import Fp32Head, install_head
-from dcoco.models.precision import quantise_int8_weights
-from dcoco.models.target import TargetModel
+from dcoco.models.drafter.drafter import BlockDrafter
+from dcoco.models.drafter.drafter_config import DrafterConfig
+from dcoco.models.drafter.drafter_io import save_drafter
+from dcoco.models.target.head_precision import Fp32Head, install_head
+from dcoco.models.target.precision import quantise_int8_weights
+from dcoco.models.target.target import TargetModel
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -14,8 +14,8 @@ from dcoco.data.distill import Sample
 from dcoco.decode.engine import Engine
 from dcoco.decode.methods import MethodOptions, build_proposer
 from dcoco.errors import DcocoError
-from dcoco.models.drafter import BlockDrafter
-from dcoco.models.drafter_config import DrafterConfig
+from dcoco.models.drafter.drafter import BlockDrafter
+from dcoco.models.drafter.drafter_config import DrafterConfig
 from dcoco.train.block_pass import LossVocab
 from dcoco.train.blocks import IGNORE
 from dcoco.train.drafter_train import DrafterTrainConfig

@@ -11,11 +11,11 @@ import torch
 from dcoco.data.distill import Sample
 from dcoco.errors import DcocoError
 from dcoco.eval.heldout import HeldoutConfig, _label, markdown_table, measure
-from dcoco.models.corrector import Corrector, CorrectorConfig
-from dcoco.models.drafter import BlockDrafter
-from dcoco.models.drafter_config import DrafterConfig
-from dcoco.models.drafter_io import save_drafter
-from dcoco.models.head_io import save_with_head
+from dcoco.models.drafter.drafter import BlockDrafter
+from dcoco.models.drafter.drafter_config import DrafterConfig
+from dcoco.models.drafter.drafter_io import save_drafter
+from dcoco.models.heads.corrector import Corrector, CorrectorConfig
+from dcoco.models.heads.head_io import save_with_head
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -35,8 +35,8 @@ def test_heldout_compares_methods_on_the_same_blocks(tiny_llama_target, tmp_path
         prompt = torch.randint(5, 128, (6,), generator=generator).tolist()
         samples.append(Sample(f"s{i}", tuple(prompt), tuple(prompt * 3)))
     settings = HeldoutConfig(
-        methods=(f"dflash@{path}", f"dcoco@{path}", f"dcoco:global@{path}"), slots=(1, 2, 4),
-        anchors_per_seq=0,
+        methods=(f"dflash@{path}", f"dcoco@{path}", f"dcoco:global@{path}"),
+        num_draft_tokens=(1, 2, 4), anchors_per_seq=0,
     )  # fmt: skip
     result = measure(settings, target=target, samples=samples)
     rows = result["methods"]
@@ -119,7 +119,9 @@ def test_heldout_adds_the_count_bigram_on_the_same_blocks(tiny_llama_target, tmp
     # A 10-token cycle: the bigram counted on other records of it predicts every slot.
     cycle = list(range(20, 30))
     records = [Sample(f"c{i}", (5, 6), tuple((cycle[i:] + cycle[:i]) * 3)) for i in range(10)]
-    settings = HeldoutConfig(methods=(f"dflash@{path}",), slots=(1, 3), anchors_per_seq=0)
+    settings = HeldoutConfig(
+        methods=(f"dflash@{path}",), num_draft_tokens=(1, 3), anchors_per_seq=0
+    )
     result = measure(settings, target=target, samples=records[:2], bigram_split=records[2:])
     bigram, drafter = result["methods"]["count bigram"], result["methods"][_label(f"dflash@{path}")]
     assert bigram["blocks"] == drafter["blocks"] == 2 * 27  # the very same blocks
@@ -129,7 +131,9 @@ def test_heldout_adds_the_count_bigram_on_the_same_blocks(tiny_llama_target, tmp
     assert "| count bigram |" in markdown_table(result)
     # pld-dflash: once the cycle has come round, lookup names every slot (16 of the 27 blocks)
     lookups = measure(
-        HeldoutConfig(methods=(f"pld-dflash@{path}", "pld"), slots=(1, 3), anchors_per_seq=0),
+        HeldoutConfig(
+            methods=(f"pld-dflash@{path}", "pld"), num_draft_tokens=(1, 3), anchors_per_seq=0
+        ),
         target=target,
         samples=records[:2],
     )["methods"]
@@ -155,8 +159,8 @@ def test_oracle_rows_bound_the_drafter_and_give_each_row_its_headroom_share(
     records = [Sample(f"c{i}", (5, 6), tuple((cycle[i:] + cycle[:i]) * 3)) for i in range(2)]
     label = _label(f"dflash@{path}")
     kept, every = oracle_names(target.info.vocab_size, label)
-    settings = HeldoutConfig(methods=(f"dflash@{path}",), slots=(1, 3), anchors_per_seq=0,
-                             oracle_k=target.info.vocab_size)  # fmt: skip
+    settings = HeldoutConfig(methods=(f"dflash@{path}",), num_draft_tokens=(1, 3),
+                             anchors_per_seq=0, oracle_k=target.info.vocab_size)  # fmt: skip
     result = measure(settings, target=target, samples=records)
     rows = result["methods"]
     assert rows[every]["tau"] == {"1": 2.0, "3": 4.0}  # the whole vocabulary holds every label
@@ -166,6 +170,7 @@ def test_oracle_rows_bound_the_drafter_and_give_each_row_its_headroom_share(
     lines = {line.split(" | ")[0][2:]: line for line in table.splitlines() if line.startswith("| ")}
     assert "headroom" in table and lines[label].endswith("/ 0% |")  # the drafter: none of it
     assert lines[every].endswith("/ 100% |")
-    one = measure(HeldoutConfig(methods=(f"dflash@{path}",), slots=(1, 3), anchors_per_seq=0,
-                                oracle_k=1), target=target, samples=records)["methods"]  # fmt: skip
+    one = measure(HeldoutConfig(methods=(f"dflash@{path}",), num_draft_tokens=(1, 3),
+                                anchors_per_seq=0, oracle_k=1),
+                  target=target, samples=records)["methods"]  # fmt: skip
     assert all(one[name]["tau"] == one[label]["tau"] for name in oracle_names(1, label))

@@ -1,4 +1,4 @@
-"""The w4a8 products (dcoco.models.int4_dot): the packing holds the int4 layer's weights, the
+"""The w4a8 products (dcoco.models.target.int4_dot): the packing holds the int4 layer's weights, the
 kernel computes the int8-rounded rows' product as a reference written with torch does, each row
 alone, and the layer keeps torch's int4 kernel where the kernel does not serve."""
 
@@ -8,11 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dcoco.models import int4_dot
-from dcoco.models.cpu_info import cpu_info
-from dcoco.models.cpu_kernels import kernels
-from dcoco.models.gguf_weights import GROUP, Int4GroupLinear, dequantise
-from dcoco.models.int4_dot import (
+from dcoco.models.cpu.cpu_info import cpu_info
+from dcoco.models.cpu.cpu_kernels import kernels
+from dcoco.models.target import int4_dot
+from dcoco.models.target.gguf_weights import GROUP, Int4GroupLinear, dequantise
+from dcoco.models.target.int4_dot import (
     LANES,
     Int4DotLinear,
     all_w4a8,
@@ -20,8 +20,8 @@ from dcoco.models.int4_dot import (
     pack,
     w4a8_linear,
 )
-from dcoco.models.int4_groups import quantise_int4
-from dcoco.models.layer_loop import rotate
+from dcoco.models.target.int4_groups import quantise_int4
+from dcoco.models.target.layer_loop import rotate
 
 needs_kernel = pytest.mark.skipif(not int4_dot_available(), reason="no AVX-512 VNNI build here")
 

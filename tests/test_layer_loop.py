@@ -1,4 +1,4 @@
-"""The decoding layer loop (dcoco.models.layer_loop): bit-equal to the model's forward."""
+"""The decoding layer loop (dcoco.models.target.layer_loop): bit-equal to the model's forward."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from conftest import TINY_DIMS, make_tiny_target
 from test_gguf_weights import tiny_gguf_target
 from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from dcoco.models.cache import crop_cache
-from dcoco.models.int4_dot import Int4DotLinear, int4_dot_available
-from dcoco.models.layer_loop import layer_loop_for
-from dcoco.models.precision import quantise_int8_weights
-from dcoco.models.rowwise_attention import MAX_ROWWISE_QUERIES, ROWWISE
-from dcoco.models.target import TargetModel
+from dcoco.models.target.cache import crop_cache
+from dcoco.models.target.int4_dot import Int4DotLinear, int4_dot_available
+from dcoco.models.target.layer_loop import layer_loop_for
+from dcoco.models.target.precision import quantise_int8_weights
+from dcoco.models.target.rowwise_attention import MAX_ROWWISE_QUERIES, ROWWISE
+from dcoco.models.target.target import TargetModel
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CONTEXT, TAPS = 20, (0, 2, 3)

@@ -6,14 +6,15 @@ runs it in an engine)."""
 from __future__ import annotations
 
 import json
-import os
 from types import SimpleNamespace
 
 import pytest
 
-from dcoco.serving import live_schedule, served_acceptance, vllm_sampled_drafts
-from dcoco.serving.draft_schedule import HEAD_ENV, SAMPLED_HEAD_ENV, SCHEDULE_ENV
+from dcoco.serving import live_schedule, served_acceptance
+from dcoco.serving.draft_schedule import OPEN_END
 from dcoco.serving.served_acceptance import PRIOR_ROUNDS, PositionCounts, blended, with_traffic
+from dcoco.serving.vllm import sampled_drafts as vllm_sampled_drafts
+from dcoco.serving.vllm.settings import SETTINGS_ENV, PluginSettings, current
 
 # K = 0 and K = 2 timed at 1 and 2 requests: at the probe's acceptance drafting pays at one
 # request only (2 x 1.8 / 0.060 = 60 tokens/s < 2 / 0.032 = 62.5 at two)
@@ -136,18 +137,17 @@ def test_an_unreadable_record_leaves_the_schedule_fixed(tmp_path, capsys):
 
 
 def test_the_worker_takes_the_new_schedule_ceilings_and_context_limit(monkeypatch):
-    for name in (SCHEDULE_ENV, HEAD_ENV, SAMPLED_HEAD_ENV):  # restored after the test
-        monkeypatch.setenv(name, "8")
+    started = PluginSettings(context_margin=3, live_record="probe.json").with_schedule("1-:7@8")
+    monkeypatch.setenv(SETTINGS_ENV, started.environment()[SETTINGS_ENV])  # restored after
     config = SimpleNamespace(num_speculative_tokens_per_batch_size=[[1, 1, 2]])
     runner = SimpleNamespace(speculative_config=config, dcoco_context_limit=(2, 0))
     worker = SimpleNamespace(worker=SimpleNamespace(model_runner=runner))  # vLLM's wrapper
-    try:
-        live_schedule.apply_in_worker(worker, "1-4:3,5-:0/1:2,2-:0@1/0")
-        assert config.num_speculative_tokens_per_batch_size == [[1, 4, 3], [5, 1 << 16, 0]]
-        assert "dcoco_context_limit" not in vars(runner)
-        assert vllm_sampled_drafts.sampled_drafts(1) == 2
-        assert os.environ[HEAD_ENV] == "1" and os.environ[SAMPLED_HEAD_ENV] == "0"
-        live_schedule.apply_in_worker(worker, "1-:2/1-:0")  # no ceiling: the head everywhere
-        assert HEAD_ENV not in os.environ and SAMPLED_HEAD_ENV not in os.environ
-    finally:
-        vllm_sampled_drafts.sampled_schedule.cache_clear()
+    live_schedule.apply_in_worker(worker, "1-4:3,5-:0/1:2,2-:0@1/0")
+    assert config.num_speculative_tokens_per_batch_size == [[1, 4, 3], [5, 1 << 16, 0]]
+    assert "dcoco_context_limit" not in vars(runner)
+    assert vllm_sampled_drafts.sampled_drafts(1) == 2
+    now = current()
+    assert (now.head_max_batch, now.sampled_head_max_batch) == (1, 0)
+    assert (now.context_margin, now.live_record) == (3, "probe.json")  # the rest kept
+    live_schedule.apply_in_worker(worker, "1-:2/1-:0")  # no ceiling: the head everywhere
+    assert (current().head_max_batch, current().sampled_head_max_batch) == (OPEN_END, OPEN_END)

@@ -8,11 +8,11 @@ import torch
 
 from dcoco.decode.methods import MethodOptions, build_proposer, resolve_method
 from dcoco.errors import DcocoError
-from dcoco.models.drafter import BlockDrafter
-from dcoco.models.drafter_config import DrafterConfig
-from dcoco.models.drafter_io import save_drafter
-from dcoco.models.head_io import save_with_head
-from dcoco.models.head_registry import build_head
+from dcoco.models.drafter.drafter import BlockDrafter
+from dcoco.models.drafter.drafter_config import DrafterConfig
+from dcoco.models.drafter.drafter_io import save_drafter
+from dcoco.models.heads.head_io import save_with_head
+from dcoco.models.heads.head_registry import build_head
 
 
 @pytest.fixture
@@ -84,7 +84,7 @@ def test_a_served_selection_with_k_is_a_view_of_the_checkpoint(checkpoints, tmp_
     checkpoint whose config names it; the view's name holds no path separator."""
     import json
 
-    from dcoco.models.head_io import SELECTION_KEY
+    from dcoco.models.heads.head_io import SELECTION_KEY
     from dcoco.serving.checkpoint_view import VOCAB_WEIGHTS_FILE, served_view
 
     monkeypatch.setenv("DCOCO_CACHE_DIR", str(tmp_path / "cache"))
@@ -123,7 +123,7 @@ def test_a_served_draft_vocabulary_is_the_targets_head_rows_in_vllms_layout(
 
     from safetensors.torch import load_file
 
-    from dcoco.models.head_io import SELECTION_KEY
+    from dcoco.models.heads.head_io import SELECTION_KEY
     from dcoco.serving.checkpoint_view import VOCAB_WEIGHTS_FILE, ServedVocab, served_view
 
     monkeypatch.setenv("DCOCO_CACHE_DIR", str(tmp_path / "cache"))

@@ -1,4 +1,5 @@
-"""oneDNN prepacked linear layers (dcoco.models.packed_linear): same outputs, the same decoding."""
+"""oneDNN prepacked linear layers (dcoco.models.target.packed_linear): same outputs, the same
+decoding."""
 
 from __future__ import annotations
 
@@ -11,16 +12,16 @@ from dcoco.decode.dflash_proposer import DFlashProposer
 from dcoco.decode.engine import Engine
 from dcoco.decode.proposers import PromptLookupProposer
 from dcoco.errors import DcocoError
-from dcoco.models.drafter import BlockDrafter
-from dcoco.models.drafter_config import DrafterConfig
-from dcoco.models.packed_linear import (
+from dcoco.models.drafter.drafter import BlockDrafter
+from dcoco.models.drafter.drafter_config import DrafterConfig
+from dcoco.models.target.packed_linear import (
     PackedLinear,
     amx_bf16,
     onednn_available,
     pack_linears,
     resolve_matmul,
 )
-from dcoco.models.target import TargetModel
+from dcoco.models.target.target import TargetModel
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),

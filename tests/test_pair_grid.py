@@ -1,4 +1,5 @@
-"""The corrector's inference path (dcoco.models.pair_grid, dcoco.models.vocab_table) against its
+"""The corrector's inference path (dcoco.models.heads.pair_grid, dcoco.models.heads.vocab_table)
+against its
 training form: the chunked grid gives the same bits, the tabled projections the same scores up
 to rounding, and a table never outlives the weights it was made from."""
 
@@ -8,11 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-import dcoco.models.candidate_features as candidates
-import dcoco.models.pair_grid as pair_grid
+import dcoco.models.heads.candidate_features as candidates
+import dcoco.models.heads.pair_grid as pair_grid
 from dcoco.errors import DcocoError
-from dcoco.models.selection import check_selection
-from dcoco.models.vocab_table import VocabTable
+from dcoco.models.heads.selection import check_selection
+from dcoco.models.heads.vocab_table import VocabTable
 from tests.test_corrector_options import counted_corrector, make_corrector, random_block
 
 pytestmark = pytest.mark.usefixtures("one_thread")

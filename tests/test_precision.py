@@ -1,4 +1,5 @@
-"""Target precisions: weight-only int8 and the attention kernel choice (dcoco.models.precision)."""
+"""Target precisions: weight-only int8 and the attention kernel choice
+(dcoco.models.target.precision)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,16 @@ from torch import nn
 from dcoco.decode.engine import Engine
 from dcoco.decode.proposers import PromptLookupProposer
 from dcoco.errors import DcocoError
-from dcoco.models.cache import crop_cache
-from dcoco.models.drafter import BlockDrafter
-from dcoco.models.drafter_config import DrafterConfig
-from dcoco.models.precision import (
+from dcoco.models.drafter.drafter import BlockDrafter
+from dcoco.models.drafter.drafter_config import DrafterConfig
+from dcoco.models.target.cache import crop_cache
+from dcoco.models.target.precision import (
     Int8WeightLinear,
     check_precision,
     quantise_int8_weights,
     resolve_attention,
 )
-from dcoco.models.target import TargetModel
+from dcoco.models.target.target import TargetModel
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from dcoco.errors import DcocoError
-from dcoco.models.catalogue import read_catalogue
+from dcoco.models.drafter.catalogue import read_catalogue
 from dcoco.paths import REPO_ROOT
 from dcoco.train.drafter_train import train
 from dcoco.train.recipe import flag_argv, read_recipe, run_recipe, ship

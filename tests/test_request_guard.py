@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from dcoco.eval.soak_requests import fuzzed_bodies, request_body
+from dcoco.eval.served.soak_requests import fuzzed_bodies, request_body
 from dcoco.serving.request_guard import (
     CHAT_PATH,
     COMPLETIONS_PATH,
@@ -19,7 +19,7 @@ from dcoco.serving.request_guard import (
 
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "stream", "n", "seed", "stop"}
 FIELDS = {
-    CHAT_PATH: frozenset(COMMON | {"messages", "max_completion_tokens"}),
+    CHAT_PATH: frozenset(COMMON | {"messages", "max_completion_tokens", "logprobs"}),
     COMPLETIONS_PATH: frozenset(COMMON | {"prompt", "echo", "logprobs"}),
 }
 # judged by vLLM itself, which knows the served name, the tokenizer and the context length
@@ -44,7 +44,8 @@ GOOD = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
         {"role": "assistant", "content": None},
-    ], "top_p": 1, "temperature": 2, "max_completion_tokens": 3, "stop": ["\n"]}).encode()),
+    ], "top_p": 1, "temperature": 2, "max_completion_tokens": 3, "stop": ["\n"],
+        "logprobs": True}).encode()),
 ]  # fmt: skip
 
 

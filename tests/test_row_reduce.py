@@ -4,8 +4,8 @@ equal top-k values, indices that hold those values."""
 import pytest
 import torch
 
-from dcoco.models import row_reduce
-from dcoco.models.row_reduce import GROUP, row_argmax, row_topk
+from dcoco.models.cpu import row_reduce
+from dcoco.models.cpu.row_reduce import GROUP, row_argmax, row_topk
 
 
 @pytest.fixture(params=["fused", "grouped"])

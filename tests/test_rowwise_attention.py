@@ -1,4 +1,5 @@
-"""The rowwise attention kernel (dcoco.models.rowwise_attention): verify rows equal single steps."""
+"""The rowwise attention kernel (dcoco.models.target.rowwise_attention): verify rows equal single
+steps."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ import torch
 import torch.nn.functional as F
 from conftest import make_tiny_target
 
-import dcoco.models.rowwise_attention as rowwise_attention
+import dcoco.models.target.rowwise_attention as rowwise_attention
 from dcoco.decode.engine import Engine
 from dcoco.decode.proposers import PromptLookupProposer
-from dcoco.models.cache import crop_cache
-from dcoco.models.rowwise_attention import ROWWISE
-from dcoco.models.target import TargetModel
+from dcoco.models.target.cache import crop_cache
+from dcoco.models.target.rowwise_attention import ROWWISE
+from dcoco.models.target.target import TargetModel
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

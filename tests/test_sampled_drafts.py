@@ -14,9 +14,9 @@ from dcoco.decode.head_proposer import HeadProposer
 from dcoco.decode.proposers import DraftContext
 from dcoco.decode.sampled_drafts import sampled_proposal
 from dcoco.decode.sampling import logits_to_probs
-from dcoco.models.corrector import Corrector, CorrectorConfig
-from dcoco.models.drafter import BlockDrafter
-from dcoco.models.drafter_config import DrafterConfig
+from dcoco.models.drafter.drafter import BlockDrafter
+from dcoco.models.drafter.drafter_config import DrafterConfig
+from dcoco.models.heads.corrector import Corrector, CorrectorConfig
 
 TAPS = (0, 1, 3)
 VOCAB = 128

@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from dcoco.models.selection import (
+from dcoco.models.heads.selection import (
     DEFAULT_GAMMA,
     SELECTION_RULES,
     Scores,

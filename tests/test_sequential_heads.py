@@ -13,13 +13,13 @@ from dcoco.contracts import IGNORE
 from dcoco.decode.engine import Engine
 from dcoco.decode.head_proposer import HeadProposer
 from dcoco.errors import DcocoError
-from dcoco.models.drafter import BlockDrafter
-from dcoco.models.drafter_config import DrafterConfig
-from dcoco.models.drafter_io import load_drafter
-from dcoco.models.head_io import head_kind_of, load_head, save_with_head
-from dcoco.models.head_registry import build_head
-from dcoco.models.heads import HeadBatch
-from dcoco.models.sequential_heads import GruHeadConfig, MarkovHeadConfig
+from dcoco.models.drafter.drafter import BlockDrafter
+from dcoco.models.drafter.drafter_config import DrafterConfig
+from dcoco.models.drafter.drafter_io import load_drafter
+from dcoco.models.heads.base import HeadBatch
+from dcoco.models.heads.head_io import head_kind_of, load_head, save_with_head
+from dcoco.models.heads.head_registry import build_head
+from dcoco.models.heads.sequential_heads import GruHeadConfig, MarkovHeadConfig
 
 VOCAB, HIDDEN, SLOTS, BLOCKS = 40, 12, 5, 6
 TAPS = (0, 1, 3)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from dcoco.errors import DcocoError
-from dcoco.models.head_compile import COMPILE_KEY
-from dcoco.models.head_io import SELECTION_KEY
+from dcoco.models.heads.head_compile import COMPILE_KEY
+from dcoco.models.heads.head_io import SELECTION_KEY
 from dcoco.paths import checkpoints_dir
 from dcoco.serving.serve import ServeConfig, build_command, speculative_config
 
@@ -37,7 +37,7 @@ def test_serve_command_for_a_drafter(serve_dirs):
     target, drafter = serve_dirs
     config = ServeConfig(
         target=str(target), checkpoint=str(drafter), dtype="fp32", port=8123,
-        num_speculative_tokens=7, python="/opt/py", vllm_args="--max-num-batched-tokens 512",
+        num_draft_tokens=7, python="/opt/py", vllm_args="--max-num-batched-tokens 512",
     )  # fmt: skip
     python, argv = build_command(config)
     assert python == "/opt/py"
@@ -81,9 +81,7 @@ def test_serve_command_plain_and_bad_setups(serve_dirs):
     with pytest.raises(DcocoError, match="not served through vLLM"):
         build_command(ServeConfig(method="pld", target=str(target)))
     slots = json.loads((drafter / "config.json").read_text())["block_size"] - 1
-    too_many = ServeConfig(
-        target=str(target), checkpoint=str(drafter), num_speculative_tokens=slots + 1
-    )
+    too_many = ServeConfig(target=str(target), checkpoint=str(drafter), num_draft_tokens=slots + 1)
     with pytest.raises(DcocoError, match=f"1..{slots}"):
         build_command(too_many)
     config = json.loads((drafter / "config.json").read_text())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dcoco.eval.serving_bench_report import (
+from dcoco.eval.served.report import (
     margin_table,
     method_rates,
     numbered,

@@ -1,10 +1,10 @@
-"""Linear layers of one input run as one product (dcoco.models.shared_input)."""
+"""Linear layers of one input run as one product (dcoco.models.target.shared_input)."""
 
 from __future__ import annotations
 
 import torch
 
-from dcoco.models.shared_input import SharedProduct, slices
+from dcoco.models.target.shared_input import SharedProduct, slices
 
 
 class CountingLinear(torch.nn.Linear):

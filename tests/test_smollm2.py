@@ -10,7 +10,7 @@ from dcoco.decode.engine import Engine
 from dcoco.decode.proposers import PromptLookupProposer
 from dcoco.decode.reference import reference_greedy
 from dcoco.eval.compare import BUILTIN_PROMPTS
-from dcoco.models.loading import load_target
+from dcoco.models.target.loading import load_target
 
 pytestmark = pytest.mark.slow
 
@@ -57,8 +57,7 @@ def test_shipped_drafter_greedy_equals_plain_and_is_accepted(smollm2):
         "dcoco",
         "dcoco:keep1",
         "dcoco@dcoco-joint",
-        "dcoco:global@dcoco-counted",
-        "dcoco@dcoco-counted",
+        "dcoco:global@dcoco-joint-12k",
         "dspark",
         "domino",
     ],

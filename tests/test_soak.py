@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from dcoco.eval.soak import SoakConfig, soak
+from dcoco.eval.served.soak import SoakConfig, soak
 from dcoco.serving.request_guard import check_body
 
 FIELDS = frozenset({"model", "messages", "prompt", "max_tokens", "temperature", "top_p", "stream"})
@@ -118,7 +118,7 @@ def test_a_server_that_corrupts_greedy_replies_under_load_is_caught(server):
 
 
 def test_prompts_come_from_the_suites_when_their_data_is_there():
-    from dcoco.eval.soak import FALLBACK_PROMPTS, _prompts
+    from dcoco.eval.served.soak import FALLBACK_PROMPTS, _prompts
     from dcoco.paths import data_dir
 
     if not (data_dir() / "gsm8k.jsonl").is_file():

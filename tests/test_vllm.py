@@ -152,9 +152,9 @@ def _ours_main(shipped: str, checkpoint: str, copy: str) -> None:
     copy-hint drafter (every slot drafted, as vLLM does)."""
     from dcoco.decode.dflash_proposer import DFlashProposer
     from dcoco.decode.head_proposer import HeadProposer
-    from dcoco.models.drafter_io import load_drafter
-    from dcoco.models.head_io import load_head
-    from dcoco.models.loading import load_target
+    from dcoco.models.drafter.drafter_io import load_drafter
+    from dcoco.models.heads.head_io import load_head
+    from dcoco.models.target.loading import load_target
 
     torch.set_num_threads(1)
     target = load_target(TARGET, dtype="fp32", device="cpu")
@@ -171,7 +171,7 @@ def _ours_main(shipped: str, checkpoint: str, copy: str) -> None:
 
 @pytest.fixture(scope="module")
 def vllm_runs(dcoco_checkpoint):
-    from dcoco.models.loading import load_target, resolve_target
+    from dcoco.models.target.loading import load_target, resolve_target
 
     checkpoint = dcoco_checkpoint
     with pytest.MonkeyPatch.context() as patch:
@@ -205,7 +205,7 @@ def test_plugin_registers_the_head_architectures(monkeypatch):
     vllm = pytest.importorskip("vllm")
     from vllm import ModelRegistry
 
-    from dcoco.serving import vllm_plugin
+    from dcoco.serving.vllm import plugin as vllm_plugin
 
     vllm_plugin.register()
     vllm_plugin.register()  # idempotent

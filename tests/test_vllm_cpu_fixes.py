@@ -1,4 +1,4 @@
-"""vLLM-CPU's rejection-sampler fix (dcoco.serving.vllm_cpu_fixes): the pure expand, the broken
+"""vLLM-CPU's rejection-sampler fix (dcoco.serving.vllm.cpu_fixes): the pure expand, the broken
 override it replaces, and the corruption it removes, reproduced end to end.
 
 The end-to-end test serves a greedy request alone, then beside a sampled one, with vLLM's own
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from dcoco.paths import REPO_ROOT
-from dcoco.serving.vllm_cpu_fixes import expand_into
+from dcoco.serving.vllm.cpu_fixes import expand_into
 
 
 def test_expand_into_fills_each_requests_tokens_in_the_outputs_dtype():
@@ -41,7 +41,7 @@ def test_the_registered_cpu_override_expands_correctly_once_fixed():
     from vllm.utils import cpu_triton_utils
     from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
 
-    from dcoco.serving import vllm_cpu_fixes
+    from dcoco.serving.vllm import cpu_fixes as vllm_cpu_fixes
 
     vllm_cpu_fixes.install()
     original = vllm_cpu_fixes.replaced
@@ -63,7 +63,7 @@ def test_the_registered_cpu_override_expands_correctly_once_fixed():
 SCENARIO = r"""
 import json, os
 from vllm import LLM, SamplingParams
-from dcoco.models.loading import resolve_target
+from dcoco.models.target.loading import resolve_target
 llm = LLM(model=str(resolve_target("smollm2-135m-instruct")), dtype="float32", max_model_len=512,
           enforce_eager=True, kv_cache_memory_bytes=128 << 20, max_num_seqs=4, seed=0,
           speculative_config={"method": "ngram", "num_speculative_tokens": 4,

@@ -8,7 +8,7 @@ import torch
 from test_vllm_schedule import CHECKPOINT, ENV, PROMPTS, TARGET, _generate
 
 from dcoco.paths import checkpoints_dir
-from dcoco.serving.vllm_draft_sampling import draw
+from dcoco.serving.vllm.draft_sampling import draw
 
 VOCAB = 12
 
@@ -42,14 +42,14 @@ def test_draws_follow_q():
 def test_sampled_drafts_skip_the_head_in_steps_of_sampled_requests(monkeypatch):
     """With `draft_sample_method: probabilistic` (as `dcoco serve` sets it) a step whose requests
     are all sampled drafts from the drafter's distribution, drawn by the plugin
-    (dcoco.serving.vllm_draft_sampling): the head never picks there, and vLLM gets draft
+    (dcoco.serving.vllm.draft_sampling): the head never picks there, and vLLM gets draft
     probabilities to verify against. Greedy fp32 output still equals plain vLLM's, the
     head picking its drafts."""
     pytest.importorskip("vllm")
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
 
-    from dcoco.models import head_compile
-    from dcoco.serving import vllm_model
+    from dcoco.models.heads import head_compile
+    from dcoco.serving.vllm import model as vllm_model
 
     for key, value in ENV.items():
         monkeypatch.setenv(key, value)

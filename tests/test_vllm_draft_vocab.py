@@ -76,7 +76,7 @@ def _generate(speculative: dict | None) -> tuple[list[list[int]], dict | None]:
     from vllm import SamplingParams
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
-    from dcoco.models.loading import resolve_target
+    from dcoco.models.target.loading import resolve_target
 
     llm = vllm_test_engine(str(resolve_target(TARGET)), speculative, 4, disable_log_stats=False)
     try:
@@ -99,8 +99,8 @@ def _generate(speculative: dict | None) -> tuple[list[list[int]], dict | None]:
 @pytest.mark.vllm
 def test_a_draft_vocabulary_drafts_inside_it_and_keeps_greedy_output(monkeypatch, tmp_path):
     pytest.importorskip("vllm")
-    from dcoco.models.draft_vocab import read_ranking
-    from dcoco.models.loading import resolve_target
+    from dcoco.models.drafter.draft_vocab import read_ranking
+    from dcoco.models.target.loading import resolve_target
     from dcoco.serving.checkpoint_view import ServedVocab, served_view
 
     for key, value in {**ENV, "DCOCO_CACHE_DIR": str(tmp_path)}.items():
@@ -111,7 +111,7 @@ def test_a_draft_vocabulary_drafts_inside_it_and_keeps_greedy_output(monkeypatch
     kept = set(token_ids.tolist())
     # vLLM's argmax over the spread logits for one; for the other the token ids from
     # get_top_tokens (as `dcoco serve` configures it)
-    # and the corrector's pick compiled (dcoco.models.head_compile), as `dcoco serve` has it
+    # and the corrector's pick compiled (dcoco.models.heads.head_compile), as `dcoco serve` has it
     cases = (("dflash-mask", None, False), ("dcoco-joint-12k", VOCAB, True))
     for checkpoint, width, served_as in cases:
         model = served_view(checkpoints_dir() / TARGET / checkpoint, None, vocab, served_as)

@@ -104,7 +104,7 @@ def _expected(name: str, ours: dict) -> torch.Tensor | None:
 @pytest.mark.vllm
 def test_stock_vllm_loads_the_export_and_decodes_like_plain(tmp_path):
     pytest.importorskip("vllm")
-    from dcoco.models.loading import load_target, resolve_target
+    from dcoco.models.target.loading import load_target, resolve_target
 
     out, dropped = export(ExportConfig(drafter="dflash", out=str(tmp_path / "x"), dtype="fp32"))
     assert "copy_gate" in dropped
@@ -120,7 +120,7 @@ def test_stock_vllm_loads_the_export_and_decodes_like_plain(tmp_path):
         speculative = {"method": "dflash", "model": str(out), "num_speculative_tokens": 7}
         drafted, loaded = _generate(target_dir, prompts, speculative, parameters=True)
     assert drafted == plain
-    # vLLM's own DFlash model class (ours, dcoco.serving.vllm_model, would be registered where
+    # vLLM's own DFlash model class (ours, dcoco.serving.vllm.model, would be registered where
     # this process already loaded the plugin, as `make test-vllm` does before this test)
     assert loaded["__module__"] == "vllm.model_executor.models.qwen3_dflash"
     assert _served(target_dir, speculative, prompts, tmp_path) == plain

@@ -1,4 +1,4 @@
-"""Copy hints in vLLM (dcoco.serving.vllm_hints): the block inputs the plugin writes, no vLLM."""
+"""Copy hints in vLLM (dcoco.serving.vllm.hints): the block inputs the plugin writes, no vLLM."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from dcoco.models.copy_hints import NO_HINT, context_hints
-from dcoco.models.drafter import BlockDrafter
-from dcoco.models.drafter_config import DrafterConfig
-from dcoco.models.drafter_io import (
+from dcoco.models.drafter.copy_hints import NO_HINT, context_hints
+from dcoco.models.drafter.drafter import BlockDrafter
+from dcoco.models.drafter.drafter_config import DrafterConfig
+from dcoco.models.drafter.drafter_io import (
     ARCHITECTURE,
     COPY_ARCHITECTURE,
     read_drafter_config,
     save_drafter,
 )
-from dcoco.serving.vllm_hints import committed_tokens, reads_hints, write_hints
+from dcoco.serving.vllm.hints import committed_tokens, reads_hints, write_hints
 
 MASK = 16
 

@@ -8,6 +8,7 @@ worker's `collective_rpc` then runs in-process, as the server's runs in its work
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 
@@ -15,7 +16,8 @@ import pytest
 from conftest import vllm_test_engine
 
 from dcoco.paths import checkpoints_dir
-from dcoco.serving.draft_schedule import LIVE_ENV, OPEN_END, parse_pair, schedule_env
+from dcoco.serving.draft_schedule import OPEN_END, parse_pair
+from dcoco.serving.vllm.settings import SETTINGS_ENV, PluginSettings
 
 TARGET = "smollm2-135m-instruct"
 PROMPTS = [
@@ -63,24 +65,25 @@ def _close(llm) -> None:
 @pytest.mark.vllm
 def test_live_schedule_follows_the_traffic_and_output_stays_plain(monkeypatch, tmp_path):
     pytest.importorskip("vllm")
-    from dcoco.models.loading import resolve_target
-    from dcoco.serving import live_schedule, served_acceptance, vllm_sampled_drafts
+    from dcoco.models.target.loading import resolve_target
+    from dcoco.serving import live_schedule, served_acceptance
 
     record = tmp_path / "record.json"
     record.write_text(json.dumps(RECORD))
-    for key, value in {**ENV, **schedule_env(RECORD["schedule"])}.items():
+    scheduled = PluginSettings().with_schedule(RECORD["schedule"])
+    for key, value in {**ENV, **scheduled.environment()}.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setattr(live_schedule, "RECHOOSE_BLOCKS", 8)
     monkeypatch.setattr(live_schedule, "RECHOOSE_S", 0.0)
     monkeypatch.setattr(served_acceptance, "PRIOR_ROUNDS", 1)  # a short run outweighs the record
-    vllm_sampled_drafts.sampled_schedule.cache_clear()
     model = str(resolve_target(TARGET))
     plain = vllm_test_engine(model, None)
     try:
         expected = _chat(plain, PROMPTS)
     finally:
         _close(plain)
-    monkeypatch.setenv(LIVE_ENV, str(record))
+    live = dataclasses.replace(scheduled, live_record=str(record))
+    monkeypatch.setenv(SETTINGS_ENV, live.environment()[SETTINGS_ENV])
     live_schedule.install()  # the plugin installs it at vLLM's start; idempotent
     greedy, _ = parse_pair(RECORD["schedule"], OPEN_END)
     speculative = {
@@ -108,4 +111,3 @@ def test_live_schedule_follows_the_traffic_and_output_stays_plain(monkeypatch, t
         assert live.counts[("0", True)].blocks > before
     finally:
         _close(llm)
-        vllm_sampled_drafts.sampled_schedule.cache_clear()

@@ -1,4 +1,4 @@
-"""The vLLM plugin's pure helpers (dcoco.serving.vllm_plugin): the draft pass's request layout,
+"""The vLLM plugin's pure helpers (dcoco.serving.vllm.plugin): the draft pass's request layout,
 the point-mass logits of a head's pick, the supported vLLM release. No vLLM needed."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dcoco.errors import DcocoError
-from dcoco.serving.vllm_plugin import NOT_CHOSEN, check_version, point_mass_logits, request_layout
+from dcoco.serving.vllm.plugin import NOT_CHOSEN, check_version, point_mass_logits, request_layout
 
 
 def _blocks(anchors: list[int], slots: int, mask: int = 16) -> torch.Tensor:

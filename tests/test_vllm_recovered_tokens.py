@@ -1,4 +1,4 @@
-"""The recovered token of a rejected draft (dcoco.serving.vllm_recovered_tokens, plain torch):
+"""The recovered token of a rejected draft (dcoco.serving.vllm.recovered_tokens, plain torch):
 a draw from the residual max(p - q, 0), by each position's own uniform."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dcoco.serving.vllm_recovered_tokens import recovered_tokens
+from dcoco.serving.vllm.recovered_tokens import recovered_tokens
 
 
 def _frequencies(tokens: Tensor, vocab: int) -> Tensor:

@@ -66,7 +66,7 @@ def test_rejection_sampling_on_cpu_keeps_the_target_distribution(draft_probs):
     from vllm.v1.sample.rejection_sampler import RejectionSampler
     from vllm.v1.sample.sampler import Sampler
 
-    from dcoco.serving import vllm_plugin
+    from dcoco.serving.vllm import plugin as vllm_plugin
 
     vllm_plugin.register()  # our CPU fixes, as in every vLLM process of dcoco serve
     CpuPlatform.register_triton_kernel_overrides()  # as a worker does, after loading plugins

@@ -1,6 +1,6 @@
 """Load-aware drafting inside vLLM: a batch-size schedule that drops to K = 0 drafts keeps greedy
 fp32 output equal to plain vLLM's, and the K = 0 steps take our shortcuts (the drafter's context
-only, plain sampling; dcoco.serving.vllm_no_draft).
+only, plain sampling; dcoco.serving.vllm.no_draft).
 
 Run in the vLLM venv (`make test-vllm`). Both engines run in this process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0), eager, fp32, one OpenMP thread, all prompts in one batch, so
@@ -10,14 +10,14 @@ the batch shrinks as replies end and the schedule's K changes within the run.
 from __future__ import annotations
 
 import gc
-import os
 
 import pytest
 import torch
 from conftest import vllm_test_engine
 
 from dcoco.paths import checkpoints_dir
-from dcoco.serving.draft_schedule import HEAD_ENV, SAMPLED_HEAD_ENV
+from dcoco.serving.draft_schedule import OPEN_END
+from dcoco.serving.vllm.settings import SETTINGS_ENV, PluginSettings, current
 
 TARGET = "smollm2-135m-instruct"
 CHECKPOINT = "dcoco-joint-12k"  # the shipped dcoco: drafter with copy hints, corrector head
@@ -42,7 +42,7 @@ def _generate(
     from vllm import SamplingParams
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
-    from dcoco.models.loading import resolve_target
+    from dcoco.models.target.loading import resolve_target
 
     llm = vllm_test_engine(str(resolve_target(TARGET)), speculative, 8)
     try:
@@ -62,7 +62,7 @@ def _generate(
 @pytest.mark.vllm
 def test_schedule_down_to_no_drafts_keeps_greedy_output_and_skips_the_drafter(monkeypatch):
     pytest.importorskip("vllm")
-    from dcoco.serving import vllm_no_draft
+    from dcoco.serving.vllm import no_draft as vllm_no_draft
 
     for key, value in ENV.items():
         monkeypatch.setenv(key, value)
@@ -92,30 +92,26 @@ def test_sampled_requests_follow_their_own_schedule(monkeypatch):
     pass (with a greedy batch-size schedule the scheduler asks them for no drafts and their
     context is not stored), and greedy requests beside sampled ones keep plain vLLM's output."""
     pytest.importorskip("vllm")
-    from dcoco.serving import vllm_no_draft, vllm_sampled_drafts
+    from dcoco.serving.vllm import no_draft as vllm_no_draft
 
-    for key, value in {**ENV, vllm_sampled_drafts.SCHEDULE_ENV: "1-:0"}.items():
+    for key, value in {**ENV, **PluginSettings(sampled_schedule="1-:0").environment()}.items():
         monkeypatch.setenv(key, value)
-    vllm_sampled_drafts.sampled_schedule.cache_clear()
     speculative = {
         "method": "dflash",
         "model": str(checkpoints_dir() / TARGET / CHECKPOINT),
         "num_speculative_tokens": 7,
     }
     temperatures = (0.0, 1.0, 0.0, 1.0)
-    try:
-        plain = _generate(None, temperatures)
-        before = dict(vllm_no_draft.STEPS)
-        mixed = _generate(speculative, temperatures)
-        sampled_only = vllm_no_draft.STEPS["context_only"]
-        _generate(speculative, (1.0,) * len(PROMPTS))
-        sampled_only = vllm_no_draft.STEPS["context_only"] - sampled_only
-        scheduled = {**speculative, "num_speculative_tokens_per_batch_size": SCHEDULE}
-        before_scheduled = dict(vllm_no_draft.STEPS)
-        _generate(scheduled, (1.0,) * len(PROMPTS))
-        steps = {key: vllm_no_draft.STEPS[key] - before_scheduled[key] for key in before}
-    finally:
-        vllm_sampled_drafts.sampled_schedule.cache_clear()
+    plain = _generate(None, temperatures)
+    before = dict(vllm_no_draft.STEPS)
+    mixed = _generate(speculative, temperatures)
+    sampled_only = vllm_no_draft.STEPS["context_only"]
+    _generate(speculative, (1.0,) * len(PROMPTS))
+    sampled_only = vllm_no_draft.STEPS["context_only"] - sampled_only
+    scheduled = {**speculative, "num_speculative_tokens_per_batch_size": SCHEDULE}
+    before_scheduled = dict(vllm_no_draft.STEPS)
+    _generate(scheduled, (1.0,) * len(PROMPTS))
+    steps = {key: vllm_no_draft.STEPS[key] - before_scheduled[key] for key in before}
     assert [mixed[0], mixed[2]] == [plain[0], plain[2]]
     assert vllm_no_draft.STEPS["context_only"] - before["context_only"] >= sampled_only > 0
     assert steps["context_only"] == 0 and steps["draft_calls_skipped"] > 0
@@ -124,12 +120,12 @@ def test_sampled_requests_follow_their_own_schedule(monkeypatch):
 
 @pytest.mark.vllm
 def test_schedule_probe_times_every_cell_through_its_queue(monkeypatch):
-    """The probe (dcoco.serving.vllm_schedule_probe) on a real engine, at a small scale: every
+    """The probe (dcoco.serving.vllm.schedule_probe) on a real engine, at a small scale: every
     (T, K, batch) cell gets a rate and a step time, each cell's queue is drained before the
     next, and the longest K's engine measures the draft positions' acceptance at both T."""
     pytest.importorskip("vllm")
-    from dcoco.models.loading import resolve_target
-    from dcoco.serving import vllm_schedule_probe
+    from dcoco.models.target.loading import resolve_target
+    from dcoco.serving.vllm import schedule_probe as vllm_schedule_probe
 
     for key, value in ENV.items():
         monkeypatch.setenv(key, value)
@@ -157,8 +153,11 @@ def test_schedule_probe_times_every_cell_through_its_queue(monkeypatch):
 
     def recorded(engine, make_request, batch, tokens):
         k = engine.engine_core.engine_core.scheduler.dynamic_sd_lookup[batch]
-        head = os.environ.get(HEAD_ENV)  # None: the head on
-        assert os.environ.get(SAMPLED_HEAD_ENV) == head  # off in steps of any requests
+        settings = current()
+        head = None if settings.head_max_batch == OPEN_END else str(settings.head_max_batch)
+        assert (
+            settings.sampled_head_max_batch == settings.head_max_batch
+        )  # in steps of any requests
         queues.append((batch, k, head))
         return queue_rate(engine, make_request, batch, tokens)
 
@@ -198,7 +197,7 @@ def test_schedule_probe_times_every_cell_through_its_queue(monkeypatch):
     assert all(s > 0 for t in ("0", "1") for s in head_off["step_s"][t]["3"].values())
     assert all(len(head_off["acceptance"][t]) == 3 for t in ("0", "1"))
     assert head_off["acceptance"]["0"][0] > 0.2
-    assert HEAD_ENV not in os.environ and SAMPLED_HEAD_ENV not in os.environ  # on again
+    assert current().head_max_batch == current().sampled_head_max_batch == OPEN_END  # on again
     # the drafter model's compute_logits timed per call in every drafting cell, head on and off
     for cells in (summary["logits_s"], head_off["logits_s"]):
         assert set(cells["0"]) == {"3"} and set(cells["0"]["3"]) == {"1", "3"}  # K = 0: none
@@ -212,9 +211,9 @@ def test_head_picks_drafts_only_up_to_its_ceiling_and_output_stays_plain(monkeyp
     at most 2 requests; the steps above draft the drafter's own top-1. Greedy fp32 output equals
     plain vLLM's either way. With `@2/0` it never runs in steps of sampled requests only."""
     pytest.importorskip("vllm")
-    from dcoco.models import head_compile  # the model's HeadSelect calls select_draft there
+    from dcoco.models.heads import head_compile  # the model's HeadSelect calls select_draft there
 
-    for key, value in {**ENV, HEAD_ENV: "2"}.items():
+    for key, value in {**ENV, **PluginSettings().with_schedule("1-:3@2").environment()}.items():
         monkeypatch.setenv(key, value)
     batches = []
     select = head_compile.select_draft
@@ -232,7 +231,9 @@ def test_head_picks_drafts_only_up_to_its_ceiling_and_output_stays_plain(monkeyp
     }
     assert _generate(speculative) == plain
     assert batches and max(batches) == 2  # the batch shrinks 4 -> 1: the head ran at 2 and 1
-    monkeypatch.setenv(SAMPLED_HEAD_ENV, "0")  # `@2/0`
+    monkeypatch.setenv(
+        SETTINGS_ENV, PluginSettings().with_schedule("1-:3@2/0").environment()[SETTINGS_ENV]
+    )
     batches.clear()
     _generate(speculative, (1.0,) * len(PROMPTS))
     assert batches == []  # never in a step of sampled requests only
@@ -247,7 +248,7 @@ def test_runner_shortcut_stores_the_same_context_as_the_proposer_path(monkeypatc
     pytest.importorskip("vllm")
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from dcoco.serving import vllm_no_draft
+    from dcoco.serving.vllm import no_draft as vllm_no_draft
 
     for key, value in ENV.items():
         monkeypatch.setenv(key, value)

@@ -21,9 +21,9 @@ from dcoco.serving.layout import free_port
 
 @pytest.mark.vllm
 def test_dcoco_serve_answers_concurrent_requests_with_spec_metrics(dcoco_checkpoint, tmp_path):
-    from dcoco.eval.serving_bench import run_level
-    from dcoco.eval.serving_metrics import spec_counters
-    from dcoco.eval.soak import FAILURES, SoakConfig, soak
+    from dcoco.eval.served.bench import run_level
+    from dcoco.eval.served.metrics import spec_counters
+    from dcoco.eval.served.soak import FAILURES, SoakConfig, soak
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"

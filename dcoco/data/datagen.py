@@ -33,9 +33,9 @@ from dcoco import paths
 from dcoco.config import Command
 from dcoco.data.jsonl import iter_jsonl
 from dcoco.errors import DcocoError
-from dcoco.models.loading import DEFAULT_TARGET, load_target, resolve_target
-from dcoco.models.precision import HF_DTYPE_NAMES
-from dcoco.models.target import TargetModel, encode_chat
+from dcoco.models.target.loading import DEFAULT_TARGET, load_target, resolve_target
+from dcoco.models.target.precision import HF_DTYPE_NAMES
+from dcoco.models.target.target import TargetModel, encode_chat
 from dcoco.paths import portable
 
 PROVENANCE_FILE = "datagen.jsonl"  # one line per run into the directory

@@ -5,7 +5,8 @@ Which precision decodes fastest depends on the CPU (native or emulated bf16, AMX
 and on the method: the 4-bit GGUF codes make a 1-token step much cheaper than bf16, while a
 k-token verify gains less (the int4 kernel's cost grows with the row count). On a CPU that
 emulates bf16 the LM head is the same trade at a smaller scale: in fp32 it costs a step more and
-a verify less (dcoco.models.head_precision). So each setting's forward-cost curve is measured on
+a verify less (dcoco.models.target.head_precision). So each setting's forward-cost curve is
+measured on
 this machine (dcoco.decode.cost_curve, cached), and auto takes the setting under which the run's
 best method expects the most tokens per millisecond: E(k) / (verify(k + 1) + draft) at its best
 draft length k, with the method's stored per-slot acceptance and its draft pass (and correction)
@@ -34,16 +35,17 @@ from dcoco.decode.cost_curve import (
 from dcoco.decode.draft_length import FLAT_PRIOR, expected_tokens
 from dcoco.decode.methods import MethodOptions, build_proposer, resolve_method
 from dcoco.errors import DcocoError
-from dcoco.models.cpu_kernels import kernels_state
-from dcoco.models.drafter_io import stored_slot_accuracy
-from dcoco.models.head_precision import check_head_dtype, fp32_head_pays
-from dcoco.models.int4_dot import int4_dot_available
-from dcoco.models.loading import default_device, gguf_file, load_target
-from dcoco.models.precision import GGUF_PRECISIONS
+from dcoco.models.cpu.cpu_kernels import kernels_state
+from dcoco.models.drafter.drafter_io import stored_slot_accuracy
+from dcoco.models.target.head_precision import check_head_dtype, fp32_head_pays
+from dcoco.models.target.int4_dot import int4_dot_available
+from dcoco.models.target.loading import default_device, gguf_file, load_target
+from dcoco.models.target.precision import GGUF_PRECISIONS
 from dcoco.paths import cache_dir
 
 # Bumped when the drafter's pass changes what a draft costs, so that choices cached before it are
-# made again (2: dcoco.models.draft_pass, int4 drafters, drafted blocks; 3: w4a8 drafters; 4: the
+# made again (2: dcoco.models.drafter.draft_pass, int4 drafters, drafted blocks; 3: w4a8 drafters;
+# 4: the
 # w4a8 MLP in one call, the attention in place, the copy bonus in C++).
 DRAFT_PASS = 4
 # CPU precisions auto compares, where the target has them (precision_available)
@@ -69,7 +71,7 @@ def auto_choice(config, methods: list[str], refresh: bool = False, announce: boo
     {"dtype", "head_dtype", "tokens_per_ms" per setting, "best" per setting: the method, draft
     length k and draft ms behind its rate, "draft_ms" per setting and drafter method (its pass
     and correction at its longest draft), "methods"}. A setting is named by its precision, with
-    " fp32-head" where its LM head runs in fp32 (dcoco.models.head_precision)."""
+    " fp32-head" where its LM head runs in fp32 (dcoco.models.target.head_precision)."""
     methods = sorted(set(methods)) or ["plain"]
     path = _choice_path(config, methods)
     if path.is_file() and not refresh:
@@ -174,7 +176,7 @@ def has_gguf(spec: str) -> bool:
 
 def precision_available(dtype: str, spec: str) -> bool:
     """Whether `dtype` runs for the target `spec` here: the gguf precisions need its GGUF file,
-    gguf-a8 the w4a8 kernel too (dcoco.models.int4_dot)."""
+    gguf-a8 the w4a8 kernel too (dcoco.models.target.int4_dot)."""
     if dtype not in GGUF_PRECISIONS:
         return True
     return has_gguf(spec) and (dtype == "gguf" or int4_dot_available())

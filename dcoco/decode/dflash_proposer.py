@@ -14,9 +14,9 @@ from dcoco.contracts import Proposal
 from dcoco.decode.proposers import DraftContext
 from dcoco.decode.sampled_drafts import sampled_proposal
 from dcoco.errors import DcocoError
-from dcoco.models.copy_hints import ContextMatcher
-from dcoco.models.drafter import BlockDrafter
-from dcoco.models.row_reduce import row_argmax
+from dcoco.models.cpu.row_reduce import row_argmax
+from dcoco.models.drafter.copy_hints import ContextMatcher
+from dcoco.models.drafter.drafter import BlockDrafter
 
 
 class DFlashProposer:

@@ -22,7 +22,8 @@ sampled replies, whose drafts rarely pay on a CPU, stop paying for explorations 
 never the output.
 
 The a_i and the draft cost are kept per *context mode* (ContextMode): the length of the n-gram
-ending at the anchor that occurred earlier in the context (dcoco.models.copy_hints.match_length;
+ending at the anchor that occurred earlier in the context
+(dcoco.models.drafter.copy_hints.match_length;
 0 = none), the same key for every method, and the request's sampling setting. Where the text
 repeats itself a draft is accepted far more often and further (a loop, a quoted line), and for
 `pld-dflash` a lookup cycle costs no drafter pass; one pooled rate would cut those cycles as short

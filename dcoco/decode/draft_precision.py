@@ -10,17 +10,19 @@ step. So `auto` runs the drafter, its draft head and a private fp32 copy of the 
 for SmolLM2) in fp32 there.
 
 On a CPU with native bf16 but no AMX (AVX-512 bf16: AMD Zen 4) the pass streams its weights faster
-as int4 groups (dcoco.models.int4_groups) on the CPU's int4 kernel: 2-core EPYC, SmolLM2's drafter,
+as int4 groups (dcoco.models.target.int4_groups) on the CPU's int4 kernel: 2-core EPYC, SmolLM2's
+drafter,
 3 drafts over the drafted slots, 3.1 ms in bf16 against 2.1 ms in int4
 (scripts/reproduce/draft_pass_cost.py). So `auto` is int4 there, for drafters whose layers the
 kernel takes (every input width a multiple of 32). Where the CPU also has AVX-512 VNNI and the
-fused kernels build, `auto` is w4a8 (dcoco.models.int4_dot: the same int4 weights, the few rows
+fused kernels build, `auto` is w4a8 (dcoco.models.target.int4_dot: the same int4 weights, the few
+rows
 of a draft rounded to int8 per 32 inputs and summed in int32, as llama.cpp does): 4 drafts 2.05 ->
 1.61 ms and 7 drafts 3.34 -> 2.30 ms on that EPYC, τ unchanged (scripts/reproduce/w4a8_cost.py,
-docs/results.md). Elsewhere (AMX, where bf16 products run on tiles; CUDA) it is the target's
+docs/lab/results.md). Elsewhere (AMX, where bf16 products run on tiles; CUDA) it is the target's
 dtype. Drafts are proposals: the target still verifies every token, so the output is the same;
 only which tokens get proposed may change, as between any two precisions (τ at 4 and 7 drafts
-moved by 0.01-0.02 between bf16 and int4, docs/results.md).
+moved by 0.01-0.02 between bf16 and int4, docs/lab/results.md).
 
 `--draft-block drafted` (the default) runs the anchor and the slots this cycle drafts, not the
 whole block, as vLLM runs DFlash when it drafts fewer tokens than the block holds; the slots see
@@ -33,16 +35,16 @@ import torch
 from torch import nn
 
 from dcoco.errors import DcocoError
-from dcoco.models.draft_pass import DraftPass, Product, dense_product
-from dcoco.models.drafter import BlockDrafter
-from dcoco.models.drafter_config import DrafterConfig
-from dcoco.models.drafter_io import load_drafter
-from dcoco.models.gguf_weights import GROUP, int4_packable
-from dcoco.models.head_precision import Fp32Head, head_copy
-from dcoco.models.int4_dot import int4_dot_available, require_int4_dot, w4a8_linear
-from dcoco.models.int4_groups import int4_linear
-from dcoco.models.packed_linear import amx_bf16, native_bf16, onednn_available, pack_linears
-from dcoco.models.target import TargetModel
+from dcoco.models.drafter.draft_pass import DraftPass, Product, dense_product
+from dcoco.models.drafter.drafter import BlockDrafter
+from dcoco.models.drafter.drafter_config import DrafterConfig
+from dcoco.models.drafter.drafter_io import load_drafter
+from dcoco.models.target.gguf_weights import GROUP, int4_packable
+from dcoco.models.target.head_precision import Fp32Head, head_copy
+from dcoco.models.target.int4_dot import int4_dot_available, require_int4_dot, w4a8_linear
+from dcoco.models.target.int4_groups import int4_linear
+from dcoco.models.target.packed_linear import amx_bf16, native_bf16, onednn_available, pack_linears
+from dcoco.models.target.target import TargetModel
 
 DRAFT_DTYPES = ("auto", "target", "fp32", "int4", "w4a8")
 QUANTISED = {"int4": int4_linear, "w4a8": w4a8_linear}  # setting -> the product of its layers
@@ -96,7 +98,7 @@ def draft_dtype(name: str, target: TargetModel) -> torch.dtype:
 def load_proposer_drafter(path, target: TargetModel, name: str) -> BlockDrafter:
     """The drafter in `path` at the dtype `name` resolves to, with an LM head copy of its own
     where that differs from the target's dtype (an fp32 drafter shares the target's fp32 head,
-    dcoco.models.head_precision). Its linear layers are not packed yet (a draft head may read
+    dcoco.models.target.head_precision). Its linear layers are not packed yet (a draft head may read
     them first: pack_drafter)."""
     dtype = draft_dtype(name, target)
     if dtype == target.dtype:
@@ -108,7 +110,8 @@ def load_proposer_drafter(path, target: TargetModel, name: str) -> BlockDrafter:
 
 def drafter_product(name: str, target: TargetModel, config: DrafterConfig) -> Product | None:
     """The product the setting `name` runs the drafter's layers and draft head on (of `config`):
-    int4 groups (dcoco.models.int4_groups) or w4a8 (dcoco.models.int4_dot), CPU targets only and
+    int4 groups (dcoco.models.target.int4_groups) or w4a8 (dcoco.models.target.int4_dot), CPU
+    targets only and
     widths the int4 kernels pack (`auto` falls back to the target's dtype for others; a named
     setting fails clearly); None where the layers keep their dtype."""
     setting = draft_setting(name, target)
@@ -129,7 +132,8 @@ def drafter_product(name: str, target: TargetModel, config: DrafterConfig) -> Pr
 
 def pack_drafter(drafter: BlockDrafter, target: TargetModel,
                  product: Product | None = None) -> BlockDrafter:  # fmt: skip
-    """The drafter's decoding pass (dcoco.models.draft_pass) from its weights: `product`'s layers
+    """The drafter's decoding pass (dcoco.models.drafter.draft_pass) from its weights: `product`'s
+    layers
     (drafter_product), else its dtype's, on oneDNN's prepacked kernel where the target's are, or
     where the drafter runs apart from the target in a dtype oneDNN takes (the draft heads keep
     reading the module's weights, which stay as they are)."""

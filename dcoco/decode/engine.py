@@ -23,9 +23,9 @@ from dcoco.decode.sampling import sample_from_logits
 from dcoco.decode.stats import RequestStats
 from dcoco.decode.verify import verify
 from dcoco.errors import DcocoError
-from dcoco.models.cache import crop_cache
-from dcoco.models.copy_hints import match_length
-from dcoco.models.target import TargetModel
+from dcoco.models.drafter.copy_hints import match_length
+from dcoco.models.target.cache import crop_cache
+from dcoco.models.target.target import TargetModel
 
 
 @dataclass

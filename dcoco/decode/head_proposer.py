@@ -1,4 +1,5 @@
-"""The head proposer: the DFlash drafter's one pass, then a draft head (dcoco.models.heads) turns it
+"""The head proposer: the DFlash drafter's one pass, then a draft head (dcoco.models.heads.base)
+turns it
 into the draft: the DCOCO corrector with the selection rule this proposer passes on every call, or a
 sequential DSpark/Domino-style head.
 Every head's draft is deterministic, so the engine verifies it as a point mass (lossless); with
@@ -16,9 +17,9 @@ from dcoco.contracts import Proposal
 from dcoco.decode.dflash_proposer import DFlashProposer
 from dcoco.decode.proposers import DraftContext
 from dcoco.errors import DcocoError
-from dcoco.models.drafter import BlockDrafter
-from dcoco.models.head_compile import HeadSelect
-from dcoco.models.selection import check_selection
+from dcoco.models.drafter.drafter import BlockDrafter
+from dcoco.models.heads.head_compile import HeadSelect
+from dcoco.models.heads.selection import check_selection
 
 
 class HeadProposer(DFlashProposer):
@@ -33,9 +34,9 @@ class HeadProposer(DFlashProposer):
         compile_head: bool = False,
         sampled_drafts: bool = False,
     ):
-        """`selection`: the corrector's rule (dcoco.models.selection); None = its default.
+        """`selection`: the corrector's rule (dcoco.models.heads.selection); None = its default.
         `acceptance_prior`: as for DFlashProposer. `compile_head`: a DCOCO corrector's pick
-        compiled (dcoco.models.head_compile) on the first draft."""
+        compiled (dcoco.models.heads.head_compile) on the first draft."""
         super().__init__(drafter, num_draft_tokens, acceptance_prior, sampled_drafts)
         head_hidden = getattr(head.config, "hidden_size", drafter.config.hidden_size)
         if head_hidden != drafter.config.hidden_size:

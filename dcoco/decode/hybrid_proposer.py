@@ -1,7 +1,8 @@
 """The hybrid proposer: prompt lookup where the context repeats itself, the drafter elsewhere.
 
 Each cycle looks the n-gram ending at the anchor up among its earlier occurrences (n = 3, then
-2: dcoco.models.copy_hints, the match the copy-hint drafter reads). With a match it proposes the
+2: dcoco.models.drafter.copy_hints, the match the copy-hint drafter reads). With a match it
+proposes the
 tokens that followed it, continued through a loop shorter than the block; without one, the
 drafter's block. Lookup's single-token matches are left out: there the drafter is right more
 often. On the corpus's held-out blocks such a match exists at 52% of the positions and names the
@@ -22,7 +23,7 @@ from torch import Tensor
 from dcoco.contracts import Proposal
 from dcoco.decode.dflash_proposer import DFlashProposer
 from dcoco.decode.proposers import DraftContext
-from dcoco.models.copy_hints import NO_HINT
+from dcoco.models.drafter.copy_hints import NO_HINT
 
 
 class HybridProposer:

@@ -7,7 +7,7 @@ A method spec is `METHOD[:SELECTION][@CHECKPOINT]`:
   top1, optionally /K to walk only the drafter's top K candidates per slot (greedy/4);
 - CHECKPOINT (drafter methods): a checkpoint directory, or the name of one shipped under
   `checkpoints/<target>/`; by default the method's default in that directory's catalogue
-  (dcoco.models.catalogue), else the one named like the method.
+  (dcoco.models.drafter.catalogue), else the one named like the method.
 The whole spec names the method in reports, so `dcoco@dcoco-dropin` and `dcoco` sit side by side.
 """
 
@@ -24,12 +24,12 @@ from dcoco.decode.draft_precision import (
 )
 from dcoco.decode.proposers import PromptLookupProposer, Proposer
 from dcoco.errors import DcocoError
-from dcoco.models.catalogue import default_checkpoint
-from dcoco.models.draft_vocab import RANKING_FILE, parse_draft_vocab, read_ranking
-from dcoco.models.drafter_io import CONFIG_FILE, read_drafter_config
-from dcoco.models.head_io import HEAD_KEY, head_kind_of
-from dcoco.models.selection import check_selection, split_selection
-from dcoco.models.target import TargetModel
+from dcoco.models.drafter.catalogue import default_checkpoint
+from dcoco.models.drafter.draft_vocab import RANKING_FILE, parse_draft_vocab, read_ranking
+from dcoco.models.drafter.drafter_io import CONFIG_FILE, read_drafter_config
+from dcoco.models.heads.head_io import HEAD_KEY, head_kind_of
+from dcoco.models.heads.selection import check_selection, split_selection
+from dcoco.models.target.target import TargetModel
 from dcoco.paths import checkpoints_dir
 
 DRAFTER_METHODS = ("dflash", "dcoco", "dspark", "domino", "pld-dflash")
@@ -45,9 +45,11 @@ class MethodOptions:
     drafter: str = ""  # checkpoint dir for drafter methods whose spec names none
     selection: str = "greedy"  # dcoco's selection rule when the spec names none
     draft_dtype: str = "auto"  # the drafter's precision (dcoco.decode.draft_precision)
-    draft_vocab: str = "auto"  # the drafter's head rows (dcoco.models.draft_vocab)
+    draft_vocab: str = "auto"  # the drafter's head rows (dcoco.models.drafter.draft_vocab)
     draft_block: str = "drafted"  # drafted | full: the rows a draft pass runs (BlockDrafter.draft)
-    compile_head: bool = False  # the DCOCO corrector's pick compiled (dcoco.models.head_compile)
+    compile_head: bool = (
+        False  # the DCOCO corrector's pick compiled (dcoco.models.heads.head_compile)
+    )
     sampled_drafts: bool = False  # sampled requests draw drafts (dcoco.decode.sampled_drafts)
 
 
@@ -187,8 +189,8 @@ def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> 
     from dcoco.decode.dflash_proposer import DFlashProposer
     from dcoco.decode.head_proposer import HeadProposer
     from dcoco.decode.hybrid_proposer import HybridProposer
-    from dcoco.models.drafter_io import stored_slot_accuracy
-    from dcoco.models.head_io import load_head
+    from dcoco.models.drafter.drafter_io import stored_slot_accuracy
+    from dcoco.models.heads.head_io import load_head
 
     drafter = load_proposer_drafter(path, target, options.draft_dtype)
     product = drafter_product(options.draft_dtype, target, drafter.config)

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from dcoco.contracts import Proposal, SamplingParams
-from dcoco.models.copy_hints import NO_HINT, last_match
+from dcoco.models.drafter.copy_hints import NO_HINT, last_match
 
 
 @dataclass

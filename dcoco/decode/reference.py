@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from dcoco.models.target import TargetModel
+from dcoco.models.target.target import TargetModel
 
 
 def reference_greedy(target: TargetModel, prompt_ids: list[int], max_new_tokens: int) -> list[int]:

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from dcoco.contracts import Proposal, SamplingParams
 from dcoco.decode.sampling import logits_to_probs, sample
-from dcoco.models.draft_vocab import full_vocab_probs
+from dcoco.models.drafter.draft_vocab import full_vocab_probs
 
 
 def sampled_proposal(

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from dcoco.contracts import SamplingParams
-from dcoco.models.row_reduce import row_argmax
+from dcoco.models.cpu.row_reduce import row_argmax
 
 
 def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:

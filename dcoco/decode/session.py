@@ -14,9 +14,9 @@ from dcoco.decode.draft_precision import check_draft_block, check_draft_dtype
 from dcoco.decode.engine import Engine
 from dcoco.decode.methods import MethodOptions, build_proposer
 from dcoco.errors import DcocoError
-from dcoco.models.draft_vocab import check_draft_vocab
-from dcoco.models.loading import DEFAULT_TARGET, load_target
-from dcoco.models.target import TargetModel
+from dcoco.models.drafter.draft_vocab import check_draft_vocab
+from dcoco.models.target.loading import DEFAULT_TARGET, load_target
+from dcoco.models.target.target import TargetModel
 
 
 @dataclass

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from dcoco.contracts import Proposal, SamplingParams, Verdict
 from dcoco.decode.sampling import logits_to_probs, sample
-from dcoco.models.row_reduce import row_argmax
+from dcoco.models.cpu.row_reduce import row_argmax
 
 
 def _check_block(draft_tokens: Tensor, target: Tensor, name: str) -> None:

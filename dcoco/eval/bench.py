@@ -55,7 +55,7 @@ from dcoco.eval.samples import (
     samples_file,
 )
 from dcoco.eval.suites import Prompt, load_prompts
-from dcoco.models.target import TargetModel
+from dcoco.models.target.target import TargetModel
 from dcoco.paths import portable_record
 from dcoco.train.run_dir import provenance
 

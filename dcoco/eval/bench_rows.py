@@ -18,9 +18,9 @@ from dcoco.decode.methods import check_method
 from dcoco.decode.session import DecodeConfig, make_engine, open_target
 from dcoco.errors import DcocoError
 from dcoco.eval.peers import PEER_METHODS, HFPeer, LlamaCppPeer
-from dcoco.models.loading import gguf_file, resolve_target
-from dcoco.models.precision import WEIGHT_FORMATS, check_precision, load_dtype
-from dcoco.models.target import TargetModel
+from dcoco.models.target.loading import gguf_file, resolve_target
+from dcoco.models.target.precision import WEIGHT_FORMATS, check_precision, load_dtype
+from dcoco.models.target.target import TargetModel
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ from dcoco.data.distill import Sample, load_corpus, split_heldout
 from dcoco.decode.methods import default_drafter_dir
 from dcoco.errors import DcocoError
 from dcoco.eval.run_record import write_run_record
-from dcoco.models.drafter_io import load_drafter
-from dcoco.models.loading import DEFAULT_TARGET, load_target
+from dcoco.models.drafter.drafter_io import load_drafter
+from dcoco.models.target.loading import DEFAULT_TARGET, load_target
 from dcoco.paths import default_corpus, portable_record
 from dcoco.train.block_pass import AnchorRule, block_chunks, prepare_item
 from dcoco.train.target_features import TargetFeatures

@@ -39,10 +39,10 @@ from dcoco.errors import DcocoError
 from dcoco.eval.heldout_lookup import lookup_corrects
 from dcoco.eval.heldout_table import markdown_table, oracle_corrects, oracle_names
 from dcoco.eval.run_record import method_checkpoints, write_run_record
-from dcoco.models.copy_hints import NO_HINT
-from dcoco.models.drafter_io import WEIGHTS_FILE
-from dcoco.models.heads import select_draft
-from dcoco.models.loading import DEFAULT_TARGET, load_target
+from dcoco.models.drafter.copy_hints import NO_HINT
+from dcoco.models.drafter.drafter_io import WEIGHTS_FILE
+from dcoco.models.heads.base import select_draft
+from dcoco.models.target.loading import DEFAULT_TARGET, load_target
 from dcoco.paths import default_corpus, portable, portable_record
 from dcoco.train.block_pass import AnchorRule, block_chunks, copy_hints_of, prepare_item
 from dcoco.train.target_features import TargetFeatures
@@ -60,7 +60,7 @@ class HeldoutConfig:
     corpus: str = ""  # part-*.jsonl dir; empty = the target's shared corpus
     records: int = 32  # held-out records (the split training holds out, by id hash)
     anchors_per_seq: int = 64  # 0 = every response position
-    slots: tuple[int, ...] = (3, 15)  # τ when a cycle drafts only the first c slots
+    num_draft_tokens: tuple[int, ...] = (3, 15)  # τ when a cycle drafts only the first c slots
     dtype: str = "fp32"  # the target's dtype (fp32, bf16, fp16)
     threads: int = 0  # torch CPU threads; 0 = torch's default
     feature_cache: str = ""  # directory of cached target features (as in training)
@@ -134,7 +134,7 @@ def measure(
             rows.update({n: done[n] for n in reusable})
             continue
         if parse_method(method).method == "pld":  # no drafter: the block size of the slot caps
-            block = max(config.slots) + 1
+            block = max(config.num_draft_tokens) + 1
             corrects = lookup_corrects(
                 samples, block, config.anchors_per_seq or 1 << 30, bool(config.bench_run)
             )
@@ -252,10 +252,13 @@ def _accept(proposer, target, samples, config: HeldoutConfig, bigram=None, oracl
 
 
 def _row(corrects: dict[str, list[Tensor]], config: HeldoutConfig) -> dict:
-    row = _summary(torch.cat([c for parts in corrects.values() for c in parts]), config.slots)
+    row = _summary(
+        torch.cat([c for parts in corrects.values() for c in parts]), config.num_draft_tokens
+    )
     if config.bench_run:
         row["suites"] = {
-            suite: _summary(torch.cat(parts), config.slots) for suite, parts in corrects.items()
+            suite: _summary(torch.cat(parts), config.num_draft_tokens)
+            for suite, parts in corrects.items()
         }
     return row
 
@@ -281,4 +284,5 @@ COMMAND = Command(
     HeldoutConfig,
     run,
     description=__doc__.split("\n\n")[1],
+    renamed={"slots": "num_draft_tokens"},
 )

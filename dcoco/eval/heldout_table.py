@@ -42,7 +42,8 @@ def _shares(result: dict, cap: str) -> dict[str, str]:
 
 
 def markdown_table(result: dict) -> str:
-    caps = result["config"]["slots"]
+    config = result["config"]
+    caps = config.get("num_draft_tokens", config.get("slots"))  # runs before the flag's rename
     rows = result["methods"]
     first = rows[next(iter(rows))]
     source = result["config"].get("bench_run")

@@ -18,7 +18,7 @@ from dcoco.contracts import SamplingParams
 from dcoco.decode.engine import GenerationResult
 from dcoco.decode.stats import RequestStats
 from dcoco.errors import DcocoError
-from dcoco.models.target import TargetModel
+from dcoco.models.target.target import TargetModel
 
 PEER_METHODS = ("hf", "hf-pld", "llama-cpp")
 HF_PLD_TOKENS = 10  # transformers' documented example value for prompt_lookup_num_tokens

@@ -38,10 +38,10 @@ from dcoco.decode.draft_length import DraftLengthPolicy
 from dcoco.decode.methods import MethodOptions, build_proposer, check_method
 from dcoco.decode.session import DecodeConfig
 from dcoco.errors import DcocoError
-from dcoco.models.head_precision import fp32_head_pays
-from dcoco.models.loading import DEFAULT_TARGET, default_device, load_target
-from dcoco.models.packed_linear import resolve_matmul
-from dcoco.models.precision import check_precision, load_dtype
+from dcoco.models.target.head_precision import fp32_head_pays
+from dcoco.models.target.loading import DEFAULT_TARGET, default_device, load_target
+from dcoco.models.target.packed_linear import resolve_matmul
+from dcoco.models.target.precision import check_precision, load_dtype
 
 DEFAULT_MATMUL = DecodeConfig.matmul
 

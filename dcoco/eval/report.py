@@ -123,7 +123,7 @@ def overall_table(summary: dict, tkey: str) -> list[str]:
 
 INT8_NOTE = (
     "**int8 is a different target**: weight-only int8 quantisation of every linear layer "
-    "(dcoco.models.precision), so compare its speedups with plain decoding at int8 only."
+    "(dcoco.models.target.precision), so compare its speedups with plain decoding at int8 only."
 )
 
 

@@ -3,7 +3,7 @@
 date (UTC), git commit (and whether the tree had changes), the machine (CPU model, the flags that
 decide CPU speed: AVX2, AVX-512, AVX-512 bf16, AMX; cores; an accelerator if any), torch's
 version, the command line, the config (precision included) and the checkpoints it read, each by
-its drafter digest (dcoco.models.catalogue). `scripts/reproduce/results_index.py` builds
+its drafter digest (dcoco.models.drafter.catalogue). `scripts/reproduce/results_index.py` builds
 results/INDEX.md from these records.
 """
 
@@ -21,8 +21,8 @@ from types import SimpleNamespace
 import torch
 
 from dcoco.errors import DcocoError
-from dcoco.models.catalogue import drafter_digest
-from dcoco.models.cpu_info import cpu_info
+from dcoco.models.cpu.cpu_info import cpu_info
+from dcoco.models.drafter.catalogue import drafter_digest
 from dcoco.paths import REPO_ROOT, portable, portable_record
 
 RUN_FILE = "run.json"

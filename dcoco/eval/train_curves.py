@@ -24,7 +24,7 @@ from dcoco.eval.run_record import write_run_record
 class TrainCurvesConfig:
     runs: tuple[str, ...] = ()  # run directories (each with a train_log.jsonl)
     out: str = "results/train-curves"  # output dir: curves.md, curves.json, curves.png
-    slots: int = 3  # slots shown in the table's accuracy columns
+    num_draft_tokens: int = 3  # drafts per cycle shown in the table's accuracy columns
 
 
 def read_log(run: Path) -> dict:
@@ -114,10 +114,10 @@ def run(config: TrainCurvesConfig) -> int:
     if not config.runs:
         raise DcocoError("give one or more run directories")
     logs = [read_log(Path(r)) for r in config.runs]
-    rows = [summary_row(log, config.slots) for log in logs]
+    rows = [summary_row(log, config.num_draft_tokens) for log in logs]
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
-    table = markdown(rows, config.slots)
+    table = markdown(rows, config.num_draft_tokens)
     (out / "curves.md").write_text(table + "\n")
     curves = {log["name"]: log["evals"] for log in logs}
     (out / "curves.json").write_text(json.dumps({"rows": rows, "curves": curves}, indent=1) + "\n")
@@ -134,4 +134,5 @@ COMMAND = Command(
     config=TrainCurvesConfig,
     run=run,
     positional=("runs",),
+    renamed={"slots": "num_draft_tokens"},
 )

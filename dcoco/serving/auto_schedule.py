@@ -1,5 +1,5 @@
 """The `auto` draft schedule of `dcoco serve`: the probe run once per machine, method, precision
-and prompts in the vLLM interpreter (dcoco.serving.vllm_schedule_probe), its record cached under
+and prompts in the vLLM interpreter (dcoco.serving.vllm.schedule_probe), its record cached under
 `$DCOCO_CACHE_DIR/serve-schedules/`, the schedule chosen from it (dcoco.serving.schedule_choice)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from dcoco.errors import DcocoError
-from dcoco.models.head_io import head_kind_of
+from dcoco.models.heads.head_io import head_kind_of
 from dcoco.paths import cache_dir
 from dcoco.serving.draft_schedule import OPEN_END, parse_pair
 from dcoco.serving.schedule_choice import schedule_from
@@ -153,7 +153,7 @@ def _run_probe(python: str, request: dict, threads: int) -> dict:
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("wb") as sink:
             done = subprocess.run(
-                [python, "-m", "dcoco.serving.vllm_schedule_probe", str(request_file)],
+                [python, "-m", "dcoco.serving.vllm.schedule_probe", str(request_file)],
                 env=env,
                 stdout=sink,
                 stderr=sink,

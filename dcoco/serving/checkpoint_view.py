@@ -1,6 +1,6 @@
 """The view of a checkpoint that `dcoco serve` points vLLM at when the served drafter is not the
 checkpoint as stored: a corrector selection rule (`dcoco:keep1`, `dcoco:greedy/4`) and/or a draft
-vocabulary (`--draft-vocab`, dcoco.models.draft_vocab).
+vocabulary (`--draft-vocab`, dcoco.models.drafter.draft_vocab).
 
 vLLM's worker builds the drafter from its directory alone (config.json and every *.safetensors in
 it), so what differs travels inside one: a directory under the cache whose config.json is the
@@ -25,9 +25,9 @@ from torch import Tensor
 
 from dcoco import paths
 from dcoco.errors import DcocoError
-from dcoco.models.drafter_io import CONFIG_FILE
-from dcoco.models.head_compile import COMPILE_KEY
-from dcoco.models.head_io import HEAD_KEY, SELECTION_KEY
+from dcoco.models.drafter.drafter_io import CONFIG_FILE
+from dcoco.models.heads.head_compile import COMPILE_KEY
+from dcoco.models.heads.head_io import HEAD_KEY, SELECTION_KEY
 
 VOCAB_WEIGHTS_FILE = "draft-vocab-head.safetensors"
 VOCAB_SIZE_KEY = "draft_vocab_size"  # vLLM's name (qwen3_dflash reads it from config.json)
@@ -44,7 +44,7 @@ class ServedVocab:
 def served_vocab(setting: str, target_dir: Path, target_name: str) -> ServedVocab | None:
     """The draft vocabulary `--draft-vocab setting` gives the target in `target_dir` (its
     checkpoints filed under `target_name`), or None for every row: the ranking and sizes of
-    `dcoco decode --draft-vocab` (dcoco.models.draft_vocab)."""
+    `dcoco decode --draft-vocab` (dcoco.models.drafter.draft_vocab)."""
     from dcoco.decode.methods import draft_vocab_ids
 
     hf = json.loads((target_dir / "config.json").read_text())

@@ -4,14 +4,14 @@ On a loaded CPU a verify of K + 1 tokens per request costs more than the tokens 
 8 streams: every drafter below plain). vLLM 0.32's scheduler takes a batch-size schedule,
 `num_speculative_tokens_per_batch_size` = [(first, last, K), ...], and asks the proposer for K
 draft tokens per request each step by the number of requests scheduled (K = 0: no drafts; our
-plugin then skips the drafter's pass but keeps its context, dcoco.serving.vllm_no_draft).
+plugin then skips the drafter's pass but keeps its context, dcoco.serving.vllm.no_draft).
 
 Sampled requests are accepted less often, so they get a schedule of their own, which our plugin
-applies per request (dcoco.serving.vllm_sampled_drafts); it never drafts more than the greedy one.
+applies per request (dcoco.serving.vllm.sampled_drafts); it never drafts more than the greedy one.
 
 `dcoco serve --draft-schedule` takes
 - `auto` (the default): measured once per machine, method, precision and prompts
-  (dcoco.serving.auto_schedule runs dcoco.serving.vllm_schedule_probe: the time of a step at a
+  (dcoco.serving.auto_schedule runs dcoco.serving.vllm.schedule_probe: the time of a step at a
   few K per batch size, greedy at T = 0, sampled at T = 1, and how often each draft position is
   accepted on the prompts) and cached under `$DCOCO_CACHE_DIR/serve-schedules/`; each measured
   batch size gets the shortest K whose predicted tokens/s is within 2% of its fastest
@@ -29,18 +29,6 @@ from __future__ import annotations
 from dcoco.errors import DcocoError
 
 OPEN_END = 1 << 16  # the last range's end: vLLM clamps it to its max_num_seqs
-
-# carries the sampled schedule to the plugin in vLLM's processes (dcoco.serving.vllm_sampled_drafts)
-SCHEDULE_ENV = "DCOCO_SAMPLED_DRAFT_SCHEDULE"  # e.g. `1:2,2-:0`; unset: sampled = greedy
-# carries `dcoco serve --k0-context-margin` to the plugin (dcoco.serving.vllm_no_draft)
-CONTEXT_MARGIN_ENV = "DCOCO_K0_CONTEXT_MARGIN"
-# carries the `@N` of a schedule to the plugin (dcoco.serving.head_ceiling)
-HEAD_ENV = "DCOCO_HEAD_MAX_BATCH"  # the most running requests the draft head picks drafts for
-# carries the `/M` of `@N/M`: the same for steps whose requests are all sampled (unset: N)
-SAMPLED_HEAD_ENV = "DCOCO_SAMPLED_HEAD_MAX_BATCH"
-# carries the `auto` schedule's probe record to the plugin, which chooses the schedule again from
-# the served traffic's acceptance (dcoco.serving.live_schedule); unset: the schedule stays fixed
-LIVE_ENV = "DCOCO_LIVE_SCHEDULE"
 
 Schedule = list[tuple[int, int, int]]  # (first batch size, last batch size, K)
 
@@ -119,19 +107,6 @@ def merged_ranges(schedule: Schedule) -> Schedule:
         else:
             out.append((first, last, k))
     return out
-
-
-def schedule_env(text: str) -> dict[str, str]:
-    """What the plugin in vLLM's processes takes from `GREEDY/SAMPLED@N/M`, as their environment:
-    the sampled requests' schedule (dcoco.serving.vllm_sampled_drafts) and the head's ceilings."""
-    pair, ceiling, sampled_ceiling = split(text)
-    _, _, sampled = pair.partition("/")
-    env = {SCHEDULE_ENV: sampled} if sampled else {}
-    if ceiling < OPEN_END:
-        env[HEAD_ENV] = str(ceiling)
-    if sampled_ceiling != ceiling:
-        env[SAMPLED_HEAD_ENV] = str(sampled_ceiling)
-    return env
 
 
 def split(text: str) -> tuple[str, int, int]:

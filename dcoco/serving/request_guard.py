@@ -9,8 +9,9 @@ the request model's field names and returns the error, or None for a body to pas
 
 Rules, each as OpenAI's API documents them: a JSON object in UTF-8; no field the endpoint does not
 know (the set is vLLM's own request model, so vLLM's extensions pass); chat `messages` a non-empty
-list of objects with a known role and string, list or null content; completions `prompt` a
-non-empty string or a non-empty list of strings or token ids; the sampling parameters in range.
+list of objects with a known role and string or list content (null, or none, only for an
+assistant's); completions `prompt` a non-empty string or a non-empty list of strings or token ids;
+the sampling parameters in range; `logprobs` true or false in chat, a count >= 0 in completions.
 What needs the tokenizer (the context length) is left to vLLM, which answers it with a 400.
 """
 
@@ -54,7 +55,7 @@ def check_body(path: str, raw: bytes, known_fields: frozenset[str]) -> BadReques
     if unknown:
         return BadRequest(f"unrecognized request argument: {unknown[0]}", unknown[0])
     problem = _check_messages(body) if path == CHAT_PATH else _check_prompt(body)
-    return problem or _check_sampling(body)
+    return problem or _check_sampling(body) or _check_logprobs(path, body)
 
 
 def _check_messages(body: dict) -> BadRequest | None:
@@ -71,6 +72,8 @@ def _check_messages(body: dict) -> BadRequest | None:
                 f"{param}.role must be one of {', '.join(ROLES)}, got {role!r}", param
             )
         content = message.get("content")
+        if content is None and role != "assistant":  # an assistant's may be tool calls instead
+            return BadRequest(f"{param}.content is required for role {role!r}", param)
         if content is not None and not isinstance(content, str | list):
             kind = type(content).__name__
             return BadRequest(f"{param}.content must be a string or a list, not {kind}", param)
@@ -120,6 +123,18 @@ def _check_sampling(body: dict) -> BadRequest | None:
         value = body.get(name)
         if value is not None and not isinstance(value, bool):
             return BadRequest(f"'{name}' must be true or false, got {value!r}", name)
+    return None
+
+
+def _check_logprobs(path: str, body: dict) -> BadRequest | None:
+    """Chat's `logprobs` is a switch (its count is `top_logprobs`); completions' a count."""
+    value = body.get("logprobs")
+    if value is None:
+        return None
+    if path == CHAT_PATH and not isinstance(value, bool):
+        return BadRequest(f"'logprobs' must be true or false, got {value!r}", "logprobs")
+    if path != CHAT_PATH and not (_is_int(value) and value >= 0):
+        return BadRequest(f"'logprobs' must be an integer >= 0, got {value!r}", "logprobs")
     return None
 
 

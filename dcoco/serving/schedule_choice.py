@@ -1,6 +1,6 @@
 """From the schedule probe's measurements to a draft schedule (dcoco.serving.draft_schedule).
 
-The probe (dcoco.serving.vllm_schedule_probe) times a step at a few draft lengths K per batch
+The probe (dcoco.serving.vllm.schedule_probe) times a step at a few draft lengths K per batch
 size b and measures how often each draft position is accepted. Once a step drafts at all, its time
 grows about linearly with K at a given b (the verify's rows are b x (K + 1)), so the lengths in
 between are interpolated: the probe times a few K (4 for K up to 7, not 8), and

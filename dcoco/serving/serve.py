@@ -3,7 +3,7 @@
 `--method` takes the spec the other commands take, `METHOD[:SELECTION][@CHECKPOINT]`
 (dcoco.decode.methods), for METHOD in plain, dflash, dcoco, dspark, domino. Every drafter-based
 method runs as vLLM's `dflash` speculative method; a checkpoint with a draft head names the head's
-architecture, which our plugin (dcoco.serving.vllm_plugin) maps to the drafter + head model. A
+architecture, which our plugin (dcoco.serving.vllm.plugin) maps to the drafter + head model. A
 dcoco selection rule reaches the vLLM worker through the drafter's config: vLLM is pointed at a
 view of the checkpoint (under the cache dir, weights linked) whose config.json names the rule.
 `plain` serves the target without speculation; `ngram` is vLLM's own prompt lookup (a peer).
@@ -30,9 +30,9 @@ from types import SimpleNamespace
 from dcoco import paths
 from dcoco.config import Command
 from dcoco.errors import DcocoError
-from dcoco.models.draft_vocab import check_draft_vocab
-from dcoco.models.loading import DEFAULT_TARGET, EMBEDDED_TARGETS
-from dcoco.models.precision import HF_DTYPE_NAMES
+from dcoco.models.drafter.draft_vocab import check_draft_vocab
+from dcoco.models.target.loading import DEFAULT_TARGET, EMBEDDED_TARGETS
+from dcoco.models.target.precision import HF_DTYPE_NAMES
 from dcoco.serving.layout import AUTO_DTYPES, LAYOUTS, check_layout, choose_setup, layout_env
 
 METHODS = ("plain", "ngram", "dflash", "dcoco", "dspark", "domino")
@@ -50,7 +50,7 @@ class ServeConfig:
     host: str = "127.0.0.1"  # address the server listens on
     port: int = 8000  # port the server listens on
     dtype: str = "auto"  # auto (--layout auto times bf16 and fp32; else bf16) | bf16 | fp32 | fp16
-    num_speculative_tokens: int = 0  # the most drafts per step; 0 = the drafter's block size - 1
+    num_draft_tokens: int = 0  # the most drafts per cycle; 0 = the drafter's block size - 1
     draft_schedule: str = "auto"  # drafts by running requests: auto | fixed | 1:7,2-:0/1-:0@4/0
     schedule_prompts: str = ""  # JSONL of suite records the auto schedule is timed on; empty: ours
     live_schedule: bool = True  # re-choose the auto schedule from the served traffic's acceptance
@@ -84,17 +84,18 @@ def run(config: ServeConfig) -> int:
         dtype = _fixed_dtype(config.dtype)
     else:
         layout, dtype, python, argv = _measured_setup(config)
-    from dcoco.serving.draft_schedule import CONTEXT_MARGIN_ENV, LIVE_ENV, schedule_env
+    from dcoco.serving.vllm.settings import PluginSettings
 
-    live = {}  # the probe's record, for the schedule chosen again in the server
+    live = ""  # the probe's record, for the schedule chosen again in the server
     if config.draft_schedule == "auto" and _served_spec(config).method != "plain":
         schedule, record = _measured_schedule(config, layout)
         config = replace(config, dtype=dtype, draft_schedule=schedule)
-        live = {LIVE_ENV: str(record)} if config.live_schedule else {}
+        live = str(record) if config.live_schedule else ""
         python, argv = build_command(config)
         print(shlex.join([python, *argv]), file=sys.stderr)
-    env = {**layout_env(layout), **schedule_env(config.draft_schedule), **live}
-    return supervise([python, *argv], {**env, CONTEXT_MARGIN_ENV: str(config.k0_context_margin)})
+    settings = PluginSettings(context_margin=config.k0_context_margin, live_record=live)
+    settings = settings.with_schedule(config.draft_schedule)
+    return supervise([python, *argv], {**layout_env(layout), **settings.environment()})
 
 
 SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -172,7 +173,7 @@ def _measured_setup(config: ServeConfig) -> tuple[str, str, str, list[str]]:
 def _measured_schedule(config: ServeConfig, layout: str) -> tuple[str, Path]:
     """(The draft schedule measured for this machine, method, precision and layout, the probe's
     record it was chosen from)."""
-    from dcoco.models.loading import resolve_target
+    from dcoco.models.target.loading import resolve_target
     from dcoco.serving.auto_schedule import for_server
 
     probe = {
@@ -200,7 +201,7 @@ def build_command(config: ServeConfig) -> tuple[str, list[str]]:
     if config.shutdown_timeout < 0:
         raise DcocoError("shutdown-timeout must be >= 0")
     check_draft_vocab(config.draft_vocab)
-    from dcoco.models.loading import resolve_target
+    from dcoco.models.target.loading import resolve_target
 
     target_dir = resolve_target(config.target)
     name = config.served_model_name or target_name(config.target)
@@ -256,7 +257,7 @@ def speculative_config(config: ServeConfig) -> dict:
     """vLLM's --speculative-config: `dflash` for every drafter-based method, `ngram` for vLLM's
     prompt lookup; with the draft schedule when one is written out."""
     if _served_spec(config).method == "ngram":
-        num = config.num_speculative_tokens or NGRAM_SLOTS
+        num = config.num_draft_tokens or NGRAM_SLOTS
         speculative = {"method": "ngram", "num_speculative_tokens": num}
     else:
         speculative = _drafter_config(config)
@@ -270,14 +271,14 @@ def speculative_config(config: ServeConfig) -> dict:
 
 def _drafter_config(config: ServeConfig) -> dict:
     resolved = _resolved(config)
-    num = config.num_speculative_tokens or resolved.max_slots
+    num = config.num_draft_tokens or resolved.max_slots
     if not 1 <= num <= resolved.max_slots:
         raise DcocoError(
             f"num-speculative-tokens must be in 1..{resolved.max_slots} for this drafter"
         )
-    from dcoco.models.loading import resolve_target
+    from dcoco.models.target.loading import resolve_target
     from dcoco.serving.checkpoint_view import served_view, served_vocab
-    from dcoco.serving.vllm_plugin import serves_token_ids
+    from dcoco.serving.vllm.plugin import serves_token_ids
 
     path, selection = resolved.path, resolved.spec.selection
     name = target_name(config.target)
@@ -305,4 +306,5 @@ COMMAND = Command(
     ServeConfig,
     run,
     helps={"method": f"METHOD[:SELECTION][@CHECKPOINT], METHOD one of {', '.join(METHODS)}"},
+    renamed={"num_speculative_tokens": "num_draft_tokens"},
 )

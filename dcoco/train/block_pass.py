@@ -2,7 +2,8 @@
 
 A sequence's target taps are computed once; its sampled blocks then run through the drafter in
 chunks (the block-diagonal attention grows with the square of the blocks per forward). The
-drafter's loss is the decayed same-position cross-entropy; a draft head (dcoco.models.heads), if
+drafter's loss is the decayed same-position cross-entropy; a draft head (dcoco.models.heads.base),
+if
 any, reads the same hidden states and logits.
 
 The loss may run over a shortlist of the vocabulary (`LossVocab`): on a CPU the 49k-row head is
@@ -21,10 +22,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dcoco.data.distill import Sample
-from dcoco.models.copy_hints import hints_at, match_table
-from dcoco.models.draft_vocab import rank_tokens
-from dcoco.models.drafter import BlockDrafter
-from dcoco.models.heads import HeadBatch
+from dcoco.models.drafter.copy_hints import hints_at, match_table
+from dcoco.models.drafter.draft_vocab import rank_tokens
+from dcoco.models.drafter.drafter import BlockDrafter
+from dcoco.models.heads.base import HeadBatch
 from dcoco.train.blocks import (
     IGNORE,
     block_attention_mask,
@@ -56,7 +57,7 @@ class LossVocab:
         vocab = drafter.config.vocab_size
         if size <= 0 or size >= vocab:
             return cls(drafter, None)
-        # the draft vocabulary's order (dcoco.models.draft_vocab), so the two always agree
+        # the draft vocabulary's order (dcoco.models.drafter.draft_vocab), so the two always agree
         ranked, _ = rank_tokens([s.response_ids for s in samples])
         device = drafter._shared[1].weight.device
         return cls(drafter, ranked[:size].sort().values.to(device))

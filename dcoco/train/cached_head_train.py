@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dcoco.models.drafter_io import load_drafter
-from dcoco.models.head_io import save_with_head
-from dcoco.models.heads import Candidates, HeadBatch
-from dcoco.models.loading import load_target
+from dcoco.models.drafter.drafter_io import load_drafter
+from dcoco.models.heads.base import Candidates, HeadBatch
+from dcoco.models.heads.head_io import save_with_head
+from dcoco.models.target.loading import load_target
 from dcoco.paths import portable
 from dcoco.train.blocks import slot_weights
 from dcoco.train.corrector_cache import CorrectorCacheConfig, drafter_path, open_cache

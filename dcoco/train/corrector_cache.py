@@ -1,7 +1,7 @@
 """The corrector cache: a frozen drafter's per-block outputs over a whole corpus, computed once, so
 a drop-in head trains without the target or the drafter in the loop.
 
-A drop-in head (dcoco.models.heads) reads only what the drafter's one pass produced. With the
+A drop-in head (dcoco.models.heads.base) reads only what the drafter's one pass produced. With the
 drafter frozen that pass is the same every epoch, so it is run once per block and stored:
 
     hidden          [blocks, slots, hidden] bf16: the drafter's final hidden states (mask slots)
@@ -34,9 +34,9 @@ from tqdm import tqdm
 from dcoco.config import Command
 from dcoco.data.distill import Sample, corpus_parts, read_part, split_heldout
 from dcoco.decode.methods import MethodOptions, MethodSpec, checkpoint_dir
-from dcoco.models.drafter import BlockDrafter
-from dcoco.models.drafter_io import WEIGHTS_FILE, load_drafter
-from dcoco.models.loading import DEFAULT_TARGET, load_target
+from dcoco.models.drafter.drafter import BlockDrafter
+from dcoco.models.drafter.drafter_io import WEIGHTS_FILE, load_drafter
+from dcoco.models.target.loading import DEFAULT_TARGET, load_target
 from dcoco.paths import cache_dir, default_corpus, portable
 from dcoco.train.block_pass import AnchorRule, Item, block_chunks
 from dcoco.train.feature_cache import length_batches, part_key

@@ -66,11 +66,19 @@ def rank_device(device: str, ranks: Ranks) -> str:
     return device
 
 
+def collective_device() -> torch.device:
+    """Where a collective's tensors must live: this rank's GPU under NCCL (which has no CPU
+    path: a CPU tensor there raises), the CPU under gloo."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def all_sum(values: list[float], ranks: Ranks) -> list[float]:
     """Element-wise sums of `values` over the ranks (unchanged with one)."""
     if ranks.world == 1:
         return values
-    tensor = torch.tensor(values, dtype=torch.float64)
+    tensor = torch.tensor(values, dtype=torch.float64, device=collective_device())
     dist.all_reduce(tensor)
     return tensor.tolist()
 

@@ -1,5 +1,5 @@
 """`dcoco draft-vocab`: rank the target's reply tokens by count over its distillation corpus, for
-the drafter's draft vocabulary (dcoco.models.draft_vocab).
+the drafter's draft vocabulary (dcoco.models.drafter.draft_vocab).
 
 Reads every part of the corpus present and writes `draft-vocab.safetensors` (token ids by count,
 and the counts) and `draft-vocab.json` (each part's digest, the totals, and the held-out coverage
@@ -17,8 +17,8 @@ from pathlib import Path
 from dcoco.config import Command
 from dcoco.data.distill import corpus_parts, load_corpus, split_heldout
 from dcoco.errors import DcocoError
-from dcoco.models.draft_vocab import AUTO_SIZE, coverage, rank_tokens, write_ranking
-from dcoco.models.loading import DEFAULT_TARGET
+from dcoco.models.drafter.draft_vocab import AUTO_SIZE, coverage, rank_tokens, write_ranking
+from dcoco.models.target.loading import DEFAULT_TARGET
 from dcoco.paths import checkpoints_dir, default_corpus, portable
 
 SIZES = (2048, 4096, 8192, AUTO_SIZE, 16384, 32768)  # sizes whose held-out coverage is recorded

@@ -15,7 +15,7 @@ from dcoco import paths
 from dcoco.config import Command
 from dcoco.data.distill import Sample
 from dcoco.errors import DcocoError
-from dcoco.models.loading import DEFAULT_TARGET, EMBEDDED_TARGETS
+from dcoco.models.target.loading import DEFAULT_TARGET, EMBEDDED_TARGETS
 from dcoco.train.loop import run_training
 
 
@@ -98,7 +98,7 @@ HELPS = {
     "seed": "seed of the init, the batch order and the anchors (with --anchor-stride, the first "
     "epoch's offset: a later stage with another seed trains on positions its init did not)",
     "mask_token_id": "target vocab row used as the MASK input (an id the target never emits); "
-    "-1 = the target's own (dcoco.models.loading.EMBEDDED_TARGETS)",
+    "-1 = the target's own (dcoco.models.target.loading.EMBEDDED_TARGETS)",
     "taps": "target layers to tap, comma-separated; empty = the target's own, else DFlash's rule "
     "with 3 taps",
     "gamma": "slot loss decay: w_k = exp(-(k-1)/gamma)",
@@ -138,8 +138,8 @@ HELPS = {
     "decoding always use the full vocabulary",
     "anchor_chunk": "blocks per drafter forward (attention cost grows with its square)",
     "copy_hints": "fill the mask slots with prompt lookup's tokens where it has a match "
-    "(dcoco.models.copy_hints), so the drafter learns when to copy; with --init, turns them on "
-    "for the init's weights. vLLM runs such a drafter through dcoco's plugin (dcoco serve)",
+    "(dcoco.models.drafter.copy_hints), so the drafter learns when to copy; with --init, turns "
+    "them on for the init's weights. vLLM runs such a drafter through dcoco's plugin (dcoco serve)",
     "mix_corpus": "a second corpus trained on beside --corpus (e.g. the target's sampled replies, "
     "`dcoco datagen --temperature 1`; dcoco.train.corpus_mix): its ids must differ from the "
     "corpus's, records answering a held-out prompt are dropped; a leading $DCOCO_CACHE_DIR is "
@@ -195,6 +195,13 @@ def with_target_defaults(config: DrafterTrainConfig, target=None) -> DrafterTrai
     return replace(config, **changes)
 
 
+# What `--help` shows; the rest (ablations, tuning) is under `--help-all`.
+RUN_FLAGS = ("target", "corpus", "out", "init", "max_steps", "lr", "batch_size", "seed",
+             "threads", "target_dtype", "autocast", "eval_every", "save_every", "heldout",
+             "cache_parts")  # fmt: skip
+MAIN_FLAGS = (*RUN_FLAGS, "num_layers", "block_size", "epochs", "device", "copy_hints",
+              "copy_gate", "feature_cache")  # fmt: skip
+
 COMMAND = Command(
     "train-drafter",
     "train a DFlash block drafter for a target",
@@ -204,4 +211,5 @@ COMMAND = Command(
     "<out>/train_log.jsonl, a resumable <out>/ckpt/ (rerun with the same --out to continue) "
     "and finally <out>/drafter/ (config.json, model.safetensors, provenance.json).",
     helps=HELPS,
+    main_flags=MAIN_FLAGS,
 )

@@ -17,7 +17,7 @@ import dataclasses
 import torch
 
 from dcoco.errors import DcocoError
-from dcoco.models.drafter import BlockDrafter
+from dcoco.models.drafter.drafter import BlockDrafter
 
 
 @torch.no_grad()

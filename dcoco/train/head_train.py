@@ -5,7 +5,7 @@ Two modes:
 - `joint`: drafter and head train together (drafter loss + head loss), starting from `--init`;
 - `dropin`: the drafter is frozen and only the head trains, so it drops into an existing drafter.
 
-The head's loss is its own (dcoco.models.heads): for DCOCO the cross-entropy over the K x K
+The head's loss is its own (dcoco.models.heads.base): for DCOCO the cross-entropy over the K x K
 transitions of adjacent slots, labelled with the target's own token pair. For a fair baseline
 train the plain drafter for the same steps with `dcoco train-drafter --init` on the same flags.
 The result is `<out>/<head kind>/`, a drafter checkpoint that carries the head. An `--init` that
@@ -25,13 +25,13 @@ from dcoco.config import Command
 from dcoco.data.bigram import successor_log_probs
 from dcoco.data.distill import Sample, corpus_parts, load_corpus, read_part, split_heldout
 from dcoco.errors import DcocoError
-from dcoco.models.drafter_io import WEIGHTS_FILE
-from dcoco.models.head_io import continue_head
-from dcoco.models.head_registry import build_head, head_classes, head_kinds
+from dcoco.models.drafter.drafter_io import WEIGHTS_FILE
+from dcoco.models.heads.head_io import continue_head
+from dcoco.models.heads.head_registry import build_head, head_classes, head_kinds
 from dcoco.train.cached_head_train import train_from_cache
 from dcoco.train.corrector_cache import drafter_path
 from dcoco.train.distributed import under_torchrun
-from dcoco.train.drafter_train import HELPS, DrafterTrainConfig, with_target_defaults
+from dcoco.train.drafter_train import HELPS, RUN_FLAGS, DrafterTrainConfig, with_target_defaults
 from dcoco.train.loop import run_training
 from dcoco.train.run_state import HeadSetup
 
@@ -213,4 +213,14 @@ COMMAND = Command(
     "drafter or as a drop-in over the frozen drafter. Writes <out>/train_log.jsonl, a resumable "
     "<out>/ckpt/ and finally <out>/<head>/ (drafter + head, provenance.json).",
     helps=HEAD_HELPS,
+    main_flags=(
+        *RUN_FLAGS,
+        "head",
+        "mode",
+        "head_lr",
+        "head_loss_weight",
+        "top_k",
+        "count_pairs",
+        "corrector_cache",
+    ),  # fmt: skip
 )

@@ -23,10 +23,10 @@ from tqdm import tqdm
 
 from dcoco.data.distill import Sample, load_corpus, part_record_ids, split_heldout
 from dcoco.errors import DcocoError
-from dcoco.models.drafter import BlockDrafter
-from dcoco.models.drafter_config import DrafterConfig, check_compatible
-from dcoco.models.drafter_io import load_drafter
-from dcoco.models.loading import load_target
+from dcoco.models.drafter.drafter import BlockDrafter
+from dcoco.models.drafter.drafter_config import DrafterConfig, check_compatible
+from dcoco.models.drafter.drafter_io import load_drafter
+from dcoco.models.target.loading import load_target
 from dcoco.train.block_pass import (
     AnchorRule,
     LossVocab,

@@ -14,7 +14,7 @@ import torch
 
 import dcoco
 from dcoco.errors import DcocoError
-from dcoco.models.drafter_io import TRAIN_LOG_FILE
+from dcoco.models.drafter.drafter_io import TRAIN_LOG_FILE
 from dcoco.paths import REPO_ROOT, portable_record
 
 LOG_FILE = TRAIN_LOG_FILE

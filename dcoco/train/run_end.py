@@ -7,8 +7,8 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
-from dcoco.models.drafter_io import save_drafter
-from dcoco.models.head_io import save_with_head
+from dcoco.models.drafter.drafter_io import save_drafter
+from dcoco.models.heads.head_io import save_with_head
 from dcoco.train.run_dir import provenance
 
 

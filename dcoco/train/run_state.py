@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from dcoco.data.distill import Sample
-from dcoco.models.drafter import BlockDrafter
+from dcoco.models.drafter.drafter import BlockDrafter
 from dcoco.train.block_pass import AnchorRule, LossVocab
 from dcoco.train.distributed import Ranks
 from dcoco.train.run_dir import RunDir

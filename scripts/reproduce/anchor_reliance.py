@@ -20,7 +20,7 @@ import torch
 
 from dcoco.data.distill import load_corpus, split_heldout
 from dcoco.decode.methods import MethodOptions, build_proposer
-from dcoco.models.loading import DEFAULT_TARGET, load_target
+from dcoco.models.target.loading import DEFAULT_TARGET, load_target
 from dcoco.paths import default_corpus
 from dcoco.train.block_pass import (
     AnchorRule,

@@ -1,5 +1,5 @@
 """What the rowwise attention's one-query rows cost at half precision: SDPA's kernel against the
-fp32 product (dcoco.models.rowwise_attention) that rows take on a CPU without native bf16.
+fp32 product (dcoco.models.target.rowwise_attention) that rows take on a CPU without native bf16.
 
 For each precision and context it times the target's forward over 1 token (a plain step) and over
 8 (a 7-draft verify: 8 one-query rows), with the rows on SDPA and on the fp32 product in
@@ -19,10 +19,10 @@ import sys
 
 import torch
 
-import dcoco.models.rowwise_attention as rowwise_attention
+import dcoco.models.target.rowwise_attention as rowwise_attention
 from dcoco.decode.cost_curve import interleaved_ms, machine_fingerprint
-from dcoco.models.cache import crop_cache
-from dcoco.models.loading import load_target
+from dcoco.models.target.cache import crop_cache
+from dcoco.models.target.loading import load_target
 
 TARGET, TOKENS, REPEATS = "smollm2-135m-instruct", (1, 8), 11
 

@@ -6,15 +6,19 @@
 # interleaves the methods prompt by prompt. Always --resume: rerun the script to continue a run
 # that was stopped; it ends by rebuilding report.md and the plots from every shard's samples.
 #
-# Usage: scripts/reproduce/bench_ten_suites.sh   (env: METHODS, RUN, SUITES, LIMIT, MAX_TOKENS,
-#                                                 TEMPS, DRAFTS, SHARDS, THREADS, LOGS, DTYPE)
+# Usage: scripts/reproduce/bench_ten_suites.sh   (env: METHODS, RUN, RESULTS, SUITES, LIMIT,
+#                                                 MAX_TOKENS, TEMPS, DRAFTS, SHARDS, THREADS, LOGS,
+#                                                 DTYPE)
+# The run is written to $RESULTS/$RUN (RESULTS: results, or a group folder results/<group>; the
+# default run goes to results/ten-suites/smollm2-ten-suites).
 # DTYPE=fp32 makes every method's T=0 output plain decoding's exactly, so τ compares the
 # proposers on the very same replies (in bf16, verify shapes change near-ties and replies part).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 make -s venv
 METHODS=${METHODS:-plain,pld,pld-dflash,dflash,dcoco,dspark@dspark-dropin,domino@domino-dropin,hf,hf-pld,llama-cpp}
-RUN=${RUN:-smollm2-ten-suites}
+if [ -z "${RUN:-}" ]; then RUN=smollm2-ten-suites; RESULTS=${RESULTS:-results/ten-suites}; fi
+RESULTS=${RESULTS:-results}  # the run goes to $RESULTS/$RUN
 SUITES=${SUITES:-all}        # or a comma list, e.g. gsm8k,humaneval,mtbench
 LIMIT=${LIMIT:-10}           # prompts per suite (MT-Bench: two turns each)
 MAX_TOKENS=${MAX_TOKENS:-256}
@@ -31,11 +35,11 @@ trap 'kill "${pids[@]}" 2>/dev/null || true' INT TERM
 for ((shard = 0; shard < SHARDS; shard++)); do
   .venv/bin/dcoco bench --methods "$METHODS" --suites "$SUITES" --limit "$LIMIT" \
       --max-new-tokens "$MAX_TOKENS" --temperatures "$TEMPS" --num-draft-tokens "$DRAFTS" \
-      --dtype "$DTYPE" --run-name "$RUN" --resume --no-plots --shards "$SHARDS" --shard "$shard" \
-      --threads "$THREADS" > "$LOGS/bench-ten-$shard.log" 2>&1 &
+      --dtype "$DTYPE" --results-dir "$RESULTS" --run-name "$RUN" --resume --no-plots \
+      --shards "$SHARDS" --shard "$shard" --threads "$THREADS" > "$LOGS/bench-ten-$shard.log" 2>&1 &
   pids+=($!)
 done
 status=0
 for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
-.venv/bin/dcoco bench-report "results/$RUN"
+.venv/bin/dcoco bench-report "$RESULTS/$RUN"
 exit "$status"

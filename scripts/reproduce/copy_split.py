@@ -1,5 +1,6 @@
 """Where the drafter loses to copying: teacher-forced slot-1 accuracy at the reply positions where
-the context has a 3- or 2-token match (a copy hint, dcoco.models.copy_hints) and where it has
+the context has a 3- or 2-token match (a copy hint, dcoco.models.drafter.copy_hints) and where it
+has
 none, next to the hint's own accuracy; per suite for a bench run's plain T=0 replies, else on the
 corpus's held-out split (the blocks `dcoco heldout` uses).
 
@@ -14,9 +15,9 @@ import torch
 
 from dcoco.data.distill import load_corpus, split_heldout
 from dcoco.eval.bench_corpus import bench_samples
-from dcoco.models.copy_hints import NO_HINT
-from dcoco.models.drafter_io import load_drafter
-from dcoco.models.loading import DEFAULT_TARGET, load_target
+from dcoco.models.drafter.copy_hints import NO_HINT
+from dcoco.models.drafter.drafter_io import load_drafter
+from dcoco.models.target.loading import DEFAULT_TARGET, load_target
 from dcoco.paths import default_corpus
 from dcoco.train.block_pass import AnchorRule, block_chunks, copy_hints_of, prepare_item
 from dcoco.train.target_features import TargetFeatures

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from dcoco.data.distill import corpus_parts, load_corpus, split_heldout
-from dcoco.models.loading import DEFAULT_TARGET
+from dcoco.models.target.loading import DEFAULT_TARGET
 from dcoco.paths import default_corpus
 
 

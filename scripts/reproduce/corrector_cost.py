@@ -23,11 +23,11 @@ import sys
 
 import torch
 
-import dcoco.models.grid_parts as grid_parts
+import dcoco.models.heads.grid_parts as grid_parts
 from dcoco.decode.cost_curve import interleaved_ms
-from dcoco.models.drafter_io import load_drafter
-from dcoco.models.head_io import load_head
-from dcoco.models.loading import load_target
+from dcoco.models.drafter.drafter_io import load_drafter
+from dcoco.models.heads.head_io import load_head
+from dcoco.models.target.loading import load_target
 from dcoco.paths import checkpoints_dir
 
 TARGET, SLOTS, BATCHES, CALLS = "smollm2-135m-instruct", 7, (1, 4, 8, 16, 32), 15

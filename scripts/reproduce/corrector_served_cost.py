@@ -7,7 +7,8 @@ The four variants of a shape run in alternation, call after call; prints the med
 and how often the fp32 picks equal the bf16 ones. Ratios are within this one run. With PROFILE=1,
 also torch.profiler's ten costliest operators of the bf16 16-candidate call at each shape
 (self CPU time over 20 calls), to see where a call's milliseconds go. With COMPILED=1, one more
-column: the bf16 16-candidate call as the plugin serves it compiled (dcoco.models.head_compile,
+column: the bf16 16-candidate call as the plugin serves it compiled
+(dcoco.models.heads.head_compile,
 warmed up for 1-7 slots first; its "same" share against the eager bf16 picks in the last column).
 
 Usage: .venv/bin/python scripts/reproduce/corrector_served_cost.py [CHECKPOINT] [B x S,...]
@@ -22,10 +23,10 @@ import sys
 import torch
 
 from dcoco.decode.cost_curve import interleaved_ms
-from dcoco.models.draft_vocab import read_ranking
-from dcoco.models.drafter_io import load_drafter
-from dcoco.models.head_io import load_head
-from dcoco.models.loading import load_target
+from dcoco.models.drafter.draft_vocab import read_ranking
+from dcoco.models.drafter.drafter_io import load_drafter
+from dcoco.models.heads.head_io import load_head
+from dcoco.models.target.loading import load_target
 from dcoco.paths import checkpoints_dir
 
 TARGET, COLUMNS, CALLS = "smollm2-135m-instruct", 16000, 20
@@ -43,7 +44,7 @@ def main(checkpoint: str, shapes: list[tuple[int, int]]) -> None:
     print(f"{checkpoint}: ms per select, {COLUMNS} columns, {torch.get_num_threads()} threads")
     compiled = None
     if os.environ.get("COMPILED") == "1":
-        from dcoco.models.head_compile import HeadSelect
+        from dcoco.models.heads.head_compile import HeadSelect
 
         compiled = HeadSelect(heads["bf16"], None, columns, max_slots=7)
     extra = (" bf16, 16, compiled | same, compiled |", "--:|--:|") if compiled else ("", "")

@@ -5,7 +5,7 @@
 #      position of the corpus, plus `dcoco heldout`'s own 1,771 held-out blocks
 #      (`dcoco corrector-cache`; resumable part by part);
 #   `variants`: the objectives and options on the same blocks (the first 6 corpus parts) and the
-#      same budget (300 steps x 256 blocks), curves in results/smollm2-corrector-variants;
+#      same budget (300 steps x 256 blocks), curves in results/train-curves/smollm2-corrector-variants;
 #   `heldout`: every shipped drafter method and head on the held-out blocks in fp32
 #      (results/smollm2-heldout-heads).
 # The shipped heads themselves come from their recipes (recipes/smollm2-135m-instruct/*.toml,
@@ -47,13 +47,13 @@ variants)
   train v-cond-counts dcoco 300 6 --features normalised --anchor --successor-query \
     --loss conditional --count-pairs
   "$DCOCO" train-curves "$(printf "$RUNS/%s," v-paper v-cond-all v-pairs-all v-cond-noanchor \
-    v-pairs-counts v-cond-counts | sed 's/,$//')" --slots 7 --out results/smollm2-corrector-variants
+    v-pairs-counts v-cond-counts | sed 's/,$//')" --num-draft-tokens 7 --out results/train-curves/smollm2-corrector-variants
   ;;
 heldout)
   METHODS=dflash@dflash,dcoco@dcoco-counted,dcoco:global@dcoco-counted,dspark@dspark-dropin
   METHODS+=,domino@domino-dropin,dcoco@dcoco-dropin,pld,pld-dflash@dflash,dflash@dflash-mask
   METHODS+=,dcoco@dcoco-dropin-mask
-  "$DCOCO" heldout --methods "$METHODS" --slots 3,7 --dtype fp32 --threads 2 \
+  "$DCOCO" heldout --methods "$METHODS" --num-draft-tokens 3,7 --dtype fp32 --threads 2 \
     --out results/smollm2-heldout-heads
   ;;
 *)

@@ -1,4 +1,4 @@
-"""What the fused CPU kernels (dcoco.models.cpu_kernels: one C++ call for an RMSNorm, one for a
+"""What the fused CPU kernels (dcoco.models.cpu.cpu_kernels: one C++ call for an RMSNorm, one for a
 rotary with its per-head norms) take off a decoding step, a verify and a draft, against the same
 code on PyTorch's operators.
 
@@ -7,7 +7,7 @@ decoding builds it (`--draft-dtype auto`, `--draft-block drafted`): each call ru
 kernels and once without, in alternation, so load elsewhere on the machine hits both alike. The
 target's forward over 1 token (a step) and over 5 (a 4-draft verify) after a 300-token context,
 and a draft of 1-4 and 7 slots as `dcoco profile` times it (2 new taps, random tokens and taps);
-then the drafter's attention alone (dcoco.models.cpu_kernels.draft_attention against SDPA: 9
+then the drafter's attention alone (dcoco.models.cpu.cpu_kernels.draft_attention against SDPA: 9
 query heads of 64 over 3 kv heads, the 2-8 query positions of a 1-7 slot draft, over 307 keys).
 Prints median ms and the ratio operators / fused (above 1: the kernels are faster); ratios are
 within this one run.
@@ -24,10 +24,10 @@ import torch
 
 from dcoco.decode.cost_curve import CONTEXT, interleaved_ms, machine_fingerprint
 from dcoco.decode.methods import MethodOptions, build_proposer
-from dcoco.models import cpu_kernels
-from dcoco.models.cache import crop_cache
-from dcoco.models.draft_pass import DraftPass
-from dcoco.models.loading import DEFAULT_TARGET, load_target
+from dcoco.models.cpu import cpu_kernels
+from dcoco.models.drafter.draft_pass import DraftPass
+from dcoco.models.target.cache import crop_cache
+from dcoco.models.target.loading import DEFAULT_TARGET, load_target
 
 SLOTS, REPEATS = (1, 2, 3, 4, 7), 40
 sys.path.insert(0, str(Path(__file__).parent))

@@ -3,7 +3,7 @@ agreement of their replies (issue 32).
 
 Usage: .venv/bin/python scripts/reproduce/datagen_engines.py [--limit 200] [--tokens 128]
     [--dtype fp32] [--prompts ../shared/data/chat_train_prompts.jsonl]
-    [--out results/smollm2-datagen-engines]
+    [--out results/archive/smollm2-datagen-engines]
 The two corpora go under $DCOCO_CACHE_DIR/datagen-engines/ (rerunning resumes them); the folder
 gets summary.json and summary.md. Needs `make venv-vllm`.
 """
@@ -28,7 +28,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--dtype", default="fp32")
     parser.add_argument("--prompts", default=str(data_dir() / "chat_train_prompts.jsonl"))
-    parser.add_argument("--out", default="results/smollm2-datagen-engines")
+    parser.add_argument("--out", default="results/archive/smollm2-datagen-engines")
     args = parser.parse_args()
     work = cache_dir() / "datagen-engines" / f"{args.dtype}-{args.limit}-{args.tokens}"
     runs = {}

@@ -1,4 +1,5 @@
-"""What a drafter layer's halves as one C++ call each (dcoco.models.int4_dot.qkv and .mlp, w4a8
+"""What a drafter layer's halves as one C++ call each (dcoco.models.target.int4_dot.qkv and .mlp,
+w4a8
 drafters: q|k|v with the norm before it and the per-head norms and rotary after it; the MLP with
 its norm and residual) and the copy gate's bonus in one (cpu_kernels.copy_bonus) take off a draft,
 against the same pass with them on PyTorch's operators.
@@ -24,8 +25,8 @@ import torch
 
 from dcoco.decode.cost_curve import interleaved_ms, machine_fingerprint
 from dcoco.decode.methods import MethodOptions, build_proposer
-from dcoco.models import copy_hints, drafter
-from dcoco.models.loading import DEFAULT_TARGET, load_target
+from dcoco.models.drafter import copy_hints, drafter
+from dcoco.models.target.loading import DEFAULT_TARGET, load_target
 
 SLOTS, REPEATS = (1, 2, 3, 4, 5, 7), 30
 sys.path.insert(0, str(Path(__file__).parent))

@@ -1,7 +1,8 @@
 """What a drafter pass costs by draft length under each drafter setting, on the default target.
 
 One proposer per setting, all on one loaded target (`--dtype`, default gguf): the drafter's module
-forward as training runs it (`module`), and the decoding pass (dcoco.models.draft_pass) at the
+forward as training runs it (`module`), and the decoding pass (dcoco.models.drafter.draft_pass) at
+the
 target's dtype and as int4 groups (`--draft-dtype target | int4`), each over the whole block and
 over the drafted slots only (`--draft-block full | drafted`). Each call is a steady-state cycle as
 `dcoco profile` times it (2 new taps over a 300-token cache, random tokens and taps, the copy
@@ -20,8 +21,8 @@ import torch
 from dcoco.decode.cost_curve import CONTEXT, interleaved_ms, machine_fingerprint, ms_table
 from dcoco.decode.methods import MethodOptions, build_proposer
 from dcoco.decode.proposers import DraftContext
-from dcoco.models.cache import crop_cache
-from dcoco.models.loading import DEFAULT_TARGET, load_target
+from dcoco.models.target.cache import crop_cache
+from dcoco.models.target.loading import DEFAULT_TARGET, load_target
 
 SETTINGS = {  # name -> (--draft-dtype, --draft-block, the decoding pass)
     "module, full": ("target", "full", False),

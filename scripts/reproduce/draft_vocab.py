@@ -24,7 +24,7 @@ from dcoco.decode.methods import build_proposer
 from dcoco.decode.proposers import DraftContext
 from dcoco.decode.session import DecodeConfig, make_engine, open_target
 from dcoco.eval.suites import load_prompts
-from dcoco.models.cache import crop_cache
+from dcoco.models.target.cache import crop_cache
 
 SLOTS = (1, 3, 7)
 ROUNDS = 60

@@ -2,7 +2,7 @@
 # The issue-16 recipe comparison: short drafter runs on the same data (the first 960 corpus records,
 # 16 held out; the feature cache of their parts), block 8, gamma 4, dense anchors (stride 4),
 # 16k loss vocab, bf16 autocast, 1 thread each (two side by side), then one table and one plot of
-# their held-out curves -> results/smollm2-drafter-variants/. Resumable like any training run.
+# their held-out curves -> results/train-curves/smollm2-drafter-variants/. Resumable like any training run.
 # Usage: scripts/reproduce/drafter_variants.sh   (env: RUNS, DCOCO)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -30,4 +30,4 @@ wait
 names=(lr1e-3-b4 lr3e-3-b1 warm-lr6e-4-b1 1layer-lr3e-3-b1 cw8-lr3e-3-b1 cw2-lr3e-3-b1
   lr3e-3-b1-seed1 cw8-lr3e-3-b1-seed1)
 runs=$(printf "$RUNS/%s," "${names[@]}")
-"$DCOCO" train-curves "${runs%,}" --out results/smollm2-drafter-variants
+"$DCOCO" train-curves "${runs%,}" --out results/train-curves/smollm2-drafter-variants

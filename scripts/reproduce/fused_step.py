@@ -4,8 +4,8 @@ A gguf step spends about half its time outside the int4 products, the head and a
 1,650 small aten ops (norms, rotary, SiLU-and-multiply, views) and their dispatch. This times a
 step and a 4-token verify four ways, interleaved call after call on one context:
 
-- `hf`: transformers' forward (what the engine ran before dcoco.models.layer_loop);
-- `engine`: the target's forward as the engine runs it (dcoco.models.layer_loop);
+- `hf`: transformers' forward (what the engine ran before dcoco.models.target.layer_loop);
+- `engine`: the target's forward as the engine runs it (dcoco.models.target.layer_loop);
 - `loop`: a layer loop over the same weights calling the kernels directly (norm, q/k/v,
   rotary / cache, attention / o, norm, MLP), eager;
 - `compiled`: the same loop with the parts between attention calls compiled by inductor
@@ -36,10 +36,10 @@ import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from dcoco.decode.cost_curve import interleaved_ms, machine_fingerprint
-from dcoco.models.cache import crop_cache, new_cache
-from dcoco.models.gguf_weights import int4_rows
-from dcoco.models.loading import load_target
-from dcoco.models.rowwise_attention import rowwise_attention_forward
+from dcoco.models.target.cache import crop_cache, new_cache
+from dcoco.models.target.gguf_weights import int4_rows
+from dcoco.models.target.loading import load_target
+from dcoco.models.target.rowwise_attention import rowwise_attention_forward
 
 TARGET, VERIFY, REPEATS = "smollm2-135m-instruct", 4, 30
 

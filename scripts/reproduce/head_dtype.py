@@ -1,7 +1,8 @@
 """What the LM head's precision (`--head-dtype target | fp32`) does to each method's speed.
 
 Loads the target at one precision twice, with its own LM head and with the fp32 head
-(dcoco.models.head_precision), and decodes `dcoco compare`'s built-in prompts with every method
+(dcoco.models.target.head_precision), and decodes `dcoco compare`'s built-in prompts with every
+method
 on both, the (head, method) rows taking turns prompt by prompt, so that load elsewhere on the
 machine hits them alike. Default flags otherwise (`--num-draft-tokens auto`, `--draft-dtype
 auto`), T = 0. Prints per row: tokens/s over all prompts, τ, the speed relative to plain decoding
@@ -21,7 +22,7 @@ from dcoco.contracts import SamplingParams
 from dcoco.decode.cost_curve import machine_fingerprint
 from dcoco.decode.session import DecodeConfig, make_engine
 from dcoco.eval.compare import BUILTIN_PROMPTS
-from dcoco.models.loading import load_target
+from dcoco.models.target.loading import load_target
 
 HEADS = ("target", "fp32")
 

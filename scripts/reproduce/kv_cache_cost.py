@@ -1,6 +1,7 @@
 """What the KV cache costs a decoding step: transformers' DynamicCache (one `torch.cat` of a
 layer's whole K/V per forward) against dcoco's growing cache (new positions written into spare
-room, dcoco.models.cache), in the K/V's own dtype and as decoding keeps it (`target.new_cache()`:
+room, dcoco.models.target.cache), in the K/V's own dtype and as decoding keeps it
+(`target.new_cache()`:
 fp32 where the `rowwise` kernel computes a half-precision model's rows in fp32, which otherwise
 upcasts the whole cache in every layer of every step), at several context lengths.
 
@@ -23,8 +24,8 @@ import torch
 from transformers import DynamicCache
 
 from dcoco.decode.cost_curve import interleaved_ms, machine_fingerprint
-from dcoco.models.cache import crop_cache, new_cache
-from dcoco.models.loading import load_target
+from dcoco.models.target.cache import crop_cache, new_cache
+from dcoco.models.target.loading import load_target
 
 TARGET, TOKENS, REPEATS = "smollm2-135m-instruct", (1, 8), 15
 

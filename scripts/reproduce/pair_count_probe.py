@@ -14,7 +14,7 @@ import torch
 
 from dcoco.data.bigram import successor_log_probs
 from dcoco.data.distill import load_corpus, split_heldout
-from dcoco.models.pair_counts import PairCounts
+from dcoco.models.heads.pair_counts import PairCounts
 from dcoco.paths import cache_dir, default_corpus
 
 TOP_K = 16

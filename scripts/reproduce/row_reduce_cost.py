@@ -1,4 +1,4 @@
-"""What dcoco.models.row_reduce saves: torch's CPU `argmax` and `topk` against `row_argmax` and
+"""What dcoco.models.cpu.row_reduce saves: torch's CPU `argmax` and `topk` against `row_argmax` and
 `row_topk` over rows of a drafter's logits (random values; the cost does not depend on them), at
 the row counts a drafter gives (1-32 requests x 1-7 slots) and the widths it searches (SmolLM2's
 16,000-column draft vocabulary and its 49,152 tokens). The variants of a shape run in alternation,
@@ -14,7 +14,7 @@ import sys
 import torch
 
 from dcoco.decode.cost_curve import interleaved_ms
-from dcoco.models.row_reduce import row_argmax, row_topk
+from dcoco.models.cpu.row_reduce import row_argmax, row_topk
 
 CALLS = 30
 

@@ -39,8 +39,8 @@ import torch
 from dcoco.data.distill import load_corpus, split_heldout
 from dcoco.decode.draft_length import expected_tokens
 from dcoco.decode.methods import MethodOptions, build_proposer
-from dcoco.models.heads import select_draft
-from dcoco.models.loading import DEFAULT_TARGET, load_target
+from dcoco.models.heads.base import select_draft
+from dcoco.models.target.loading import DEFAULT_TARGET, load_target
 from dcoco.paths import default_corpus
 from dcoco.train.block_pass import AnchorRule, block_chunks, prepare_item
 from dcoco.train.target_features import TargetFeatures

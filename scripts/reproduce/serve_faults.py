@@ -6,7 +6,7 @@ killed mid-stream, and when the server gets SIGTERM with streams in flight.
    non-zero (it cannot recover an engine), with its last log lines saying why.
 2. SIGTERM: 4 streamed requests, then SIGTERM to the server; with `--shutdown-timeout` (dcoco
    serve's default 30 s) vLLM drains: the in-flight replies finish, then the server exits 0.
-Writes results/smollm2-serve-faults/faults.json.
+Writes results/serve/smollm2-serve-faults/faults.json.
 Usage: .venv/bin/python scripts/reproduce/serve_faults.py [--method dflash] [--port 8771]
 """
 
@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from dcoco.eval.run_record import write_run_record  # noqa: E402
-from dcoco.eval.soak_requests import request_body, send  # noqa: E402
+from dcoco.eval.served.soak_requests import request_body, send  # noqa: E402
 
 PROMPT = "Write a long story about a lighthouse keeper and a storm."
 
@@ -113,7 +113,7 @@ def main() -> None:
     parser.add_argument("--method", default="dflash")
     parser.add_argument("--port", type=int, default=8771)
     args = parser.parse_args()
-    out = ROOT / "results" / "smollm2-serve-faults"
+    out = ROOT / "results" / "serve" / "smollm2-serve-faults"
     out.mkdir(parents=True, exist_ok=True)
 
     def kill_engine(server):

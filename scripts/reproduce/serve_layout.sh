@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 make -s venv venv-vllm
-OUT=${OUT:-results/smollm2-serve-layout}
+OUT=${OUT:-results/serve/smollm2-serve-layout}
 PORT=${PORT:-8021}
 PROMPTS=${PROMPTS:-8}
 MAX_TOKENS=${MAX_TOKENS:-128}

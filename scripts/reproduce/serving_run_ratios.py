@@ -20,7 +20,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from dcoco.eval.serving_bench_report import method_rates
+from dcoco.eval.served.report import method_rates
 
 OURS, OTHERS = "dcoco", ("plain", "dflash")
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The full soak of issue 31: `dcoco serve` at fp32 for each method, 32 concurrent `dcoco soak`
 # clients for 10 minutes (a tenth of streams dropped mid-way, a tenth fuzzed bodies, a third of
-# requests sampled), then SIGTERM. Writes results/smollm2-soak-32-<method>/soak.json; the server's
+# requests sampled), then SIGTERM. Writes results/serve/smollm2-soak-32-<method>/soak.json; the server's
 # log goes to $DCOCO_CACHE_DIR/soak/<method>-server.log. Loopback only; needs `make venv-vllm`.
-# Usage: scripts/reproduce/soak_serve.sh [METHOD ...]   (default: dcoco@dcoco-counted dflash@dflash,
-#        the checkpoints of the committed soaks; results/smollm2-soak-32-<method before @>)
+# Usage: scripts/reproduce/soak_serve.sh [METHOD ...]   (default: dcoco@dcoco-joint-12k dflash@dflash,
+#        the checkpoints of the committed soaks; results/serve/smollm2-soak-32-<method before @>)
 # env: CLIENTS (32), DURATION (600 s), PORT (8766), DCOCO
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -14,10 +14,10 @@ PORT=${PORT:-8766}
 LOGS=${DCOCO_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dcoco}/soak
 mkdir -p "$LOGS"
 methods=("$@")
-[ ${#methods[@]} -gt 0 ] || methods=(dcoco@dcoco-counted dflash@dflash)
+[ ${#methods[@]} -gt 0 ] || methods=(dcoco@dcoco-joint-12k dflash@dflash)
 for m in "${methods[@]}"; do
   name=${m%%@*}
-  out=results/smollm2-soak-32-$name
+  out=results/serve/smollm2-soak-32-$name
   mkdir -p "$out"
   setsid "$DCOCO" serve --method "$m" --dtype fp32 --port "$PORT" --layout all-cores \
     >"$LOGS/$name-server.log" 2>&1 &

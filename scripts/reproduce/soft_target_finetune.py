@@ -6,9 +6,9 @@ drawn MIX_SHARE from the target's sampled replies ($DCOCO_CACHE_DIR/corpus/smoll
 `dcoco datagen --temperature 1`) and the rest from its greedy corpus; saves the drafter to OUT
 (read it back with scripts/reproduce/sampled_acceptance.py OUT).
 
-Measured once (results/smollm2-sampled-drafts): 1,500 steps at lr 3e-4, SOFT_WEIGHT 1, MIX_SHARE
-0.5 (9 min on 2 cores): the sampled draft's slot-1 acceptance after a sampled anchor went from
-0.355 to 0.368, the argmax's from 0.262 to 0.271. Not shipped.
+Measured once (results/sampled-drafts/smollm2-sampled-drafts): 1,500 steps at lr 3e-4, SOFT_WEIGHT
+1, MIX_SHARE 0.5 (9 min on 2 cores): the sampled draft's slot-1 acceptance after a sampled anchor
+went from 0.355 to 0.368, the argmax's from 0.262 to 0.271. Not shipped.
 
 Usage: .venv/bin/python scripts/reproduce/soft_target_finetune.py \
   STEPS LR SOFT_WEIGHT OUT [MIX_SHARE]   # 1500 3e-4 1.0 runs/soft-a 0.5
@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from dcoco.data.distill import load_corpus, split_heldout
-from dcoco.models.drafter_io import load_drafter, save_drafter
-from dcoco.models.loading import DEFAULT_TARGET, load_target
+from dcoco.models.drafter.drafter_io import load_drafter, save_drafter
+from dcoco.models.target.loading import DEFAULT_TARGET, load_target
 from dcoco.paths import cache_dir, checkpoints_dir, default_corpus
 from dcoco.train.block_pass import AnchorRule, Item, LossVocab, block_chunks
 from dcoco.train.blocks import slot_weights

@@ -1,4 +1,4 @@
-"""What skipping the drafter's context at K = 0 costs in acceptance (dcoco.serving.vllm_no_draft).
+"""What skipping the drafter's context at K = 0 costs in acceptance (dcoco.serving.vllm.no_draft).
 
 One vLLM engine in this process, bf16, the shipped dcoco drafter, schedule `1-3:7,4-:0`. A warm-up
 batch fills the KV cache with other requests' context (so skipped positions hold stale K/V, as in
@@ -14,7 +14,7 @@ Usage (the vLLM venv; reads ../shared/data or DCOCO_DATA_DIR):
 from __future__ import annotations
 
 from dcoco.eval.suites import load_prompts
-from dcoco.models.loading import resolve_target
+from dcoco.models.target.loading import resolve_target
 from dcoco.paths import checkpoints_dir, data_dir
 
 TARGET, CHECKPOINT = "smollm2-135m-instruct", "dcoco-joint-12k"
@@ -44,7 +44,7 @@ def _tau(llm, prompts, params) -> float:
 def main() -> None:
     from vllm import LLM, SamplingParams
 
-    from dcoco.serving import vllm_no_draft
+    from dcoco.serving.vllm import no_draft as vllm_no_draft
 
     texts = [p.turns[0] for p in load_prompts(str(data_dir()), "", "gsm8k,humaneval,mtbench", 12)]
     chats = [[{"role": "user", "content": t}] for t in texts]

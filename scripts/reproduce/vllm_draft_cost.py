@@ -2,21 +2,21 @@
 
 One vLLM engine in this process, bf16, the checkpoint CHECKPOINT of SmolLM2 at K drafts for every
 batch size; a queue keeps BATCH requests of 48 tokens in flight (the schedule probe's queue,
-dcoco.serving.vllm_queue.queue_rate) on the held-out prompts PROMPTS (a JSONL of suite
+dcoco.serving.vllm.engine_queue.queue_rate) on the held-out prompts PROMPTS (a JSONL of suite
 records, as scripts/reproduce/schedule_prompts.py writes). The runner's, proposer's and plugin's
 calls are wrapped with timers; prints milliseconds per engine step for each (indented: a part of
 a timer above it).
 
 CHECKPOINT is `plain` (no drafter: the same engine without speculation, K ignored), a shipped
-checkpoint's name or a directory: the one `dcoco serve` hands vLLM (under
-$DCOCO_CACHE_DIR/serve/, with its draft vocabulary) times what a server runs. DCOCO_HEAD_MAX_BATCH=0
-switches the draft head off (dcoco.serving.head_ceiling); TEMPERATURE=1 samples (default 0);
+checkpoint's name or a directory: the one `dcoco serve` hands vLLM (under $DCOCO_CACHE_DIR/serve/,
+with its draft vocabulary) times what a server runs; a DRAFT_SCHEDULE ending in `@0` switches the
+draft head off (dcoco.serving.head_ceiling); TEMPERATURE=1 samples (default 0);
 DRAFT_SCHEDULE=GREEDY/SAMPLED@N/M serves that schedule instead of K at every batch size;
 DRAFT_SAMPLING=probabilistic has sampled requests draw their drafts from the drafter's distribution
 (vLLM's draft_sample_method; default greedy); SAMPLER=gumbel draws the recovered tokens and the
 plugin's drafts with exponential noise as before 2026-12-06 (vLLM's own recovered tokens, not
-dcoco.serving.vllm_recovered_tokens); LOCAL_ARGMAX=0 has vLLM take the argmax of the
-drafter's logits itself (before `dcoco serve` set use_local_argmax_reduction).
+dcoco.serving.vllm.recovered_tokens); LOCAL_ARGMAX=0 has vLLM take the argmax of the drafter's
+logits itself (before `dcoco serve` set use_local_argmax_reduction).
 
 Usage (the vLLM venv):
   LD_PRELOAD=.venv-vllm/lib/libiomp5.so VLLM_ENABLE_V1_MULTIPROCESSING=0 \
@@ -33,17 +33,18 @@ import time
 
 import torch
 
-import dcoco.serving.vllm_draft_sampling as draft_sampling
-import dcoco.serving.vllm_hints as hints
-import dcoco.serving.vllm_model as model
-import dcoco.serving.vllm_no_draft as no_draft
-import dcoco.serving.vllm_recovered_tokens as recovered
-from dcoco.models.head_compile import HeadSelect
-from dcoco.models.loading import resolve_target
+import dcoco.serving.vllm.draft_sampling as draft_sampling
+import dcoco.serving.vllm.hints as hints
+import dcoco.serving.vllm.model as model
+import dcoco.serving.vllm.no_draft as no_draft
+import dcoco.serving.vllm.recovered_tokens as recovered
+from dcoco.models.heads.head_compile import HeadSelect
+from dcoco.models.target.loading import resolve_target
 from dcoco.paths import checkpoints_dir
 from dcoco.serving.auto_schedule import probe_prompts
-from dcoco.serving.draft_schedule import OPEN_END, parse_pair, schedule_env
-from dcoco.serving.vllm_queue import queue_rate
+from dcoco.serving.draft_schedule import OPEN_END, parse_pair
+from dcoco.serving.vllm.engine_queue import queue_rate
+from dcoco.serving.vllm.settings import current, use
 
 SECONDS: collections.Counter = collections.Counter()
 CALLS: collections.Counter = collections.Counter()
@@ -161,11 +162,11 @@ def _speculative(checkpoint: str, k: int) -> dict:
 
 def _schedule(k: int) -> list:
     """K at every batch size, or the served schedule DRAFT_SCHEDULE (`GREEDY/SAMPLED@N/M`, as
-    `dcoco serve` logs it), its sampled part and ceilings put in this process's environment."""
+    `dcoco serve` logs it), its sampled part and ceilings put in this process's plugin settings."""
     text = os.environ.get("DRAFT_SCHEDULE", "")
     if not text:
         return [[1, OPEN_END, k]]
-    os.environ.update(schedule_env(text))
+    use(current().with_schedule(text))
     return [list(entry) for entry in parse_pair(text, max_k=7)[0]]
 
 

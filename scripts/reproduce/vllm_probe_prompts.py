@@ -1,7 +1,7 @@
 """What the schedule probe's prompts decide: drafting's speed at one request depends on them.
 
 One vLLM engine in this process per (K, prefix caching), bf16, the shipped dcoco drafter, every
-batch size at K. Each cell is the probe's own queue (dcoco.serving.vllm_queue.queue_rate,
+batch size at K. Each cell is the probe's own queue (dcoco.serving.vllm.engine_queue.queue_rate,
 timed from the first completion), on the probe's built-in prompts (48 tokens, EOS ignored, as the
 probe runs; and 128 tokens to EOS) and on the bench's suite prompts (gsm8k, humaneval, mtbench, 2
 each; 128 tokens to EOS), at 1 and 4 requests in flight. Prints tokens/s and τ of each cell.
@@ -16,10 +16,10 @@ from __future__ import annotations
 import gc
 
 from dcoco.eval.suites import load_prompts
-from dcoco.models.loading import resolve_target
+from dcoco.models.target.loading import resolve_target
 from dcoco.paths import checkpoints_dir, data_dir
 from dcoco.serving.probe_prompts import PROMPTS
-from dcoco.serving.vllm_queue import queue_rate, spec_counts
+from dcoco.serving.vllm.engine_queue import queue_rate, spec_counts
 
 TARGET, CHECKPOINT = "smollm2-135m-instruct", "dcoco-joint-12k"
 CELLS = (  # (name, prompts, max tokens, ignore EOS, requests in flight)

@@ -1,4 +1,5 @@
-"""What int8 activations (dcoco.models.int4_dot: w4a8) take off the target's steps and verifies
+"""What int8 activations (dcoco.models.target.int4_dot: w4a8) take off the target's steps and
+verifies
 (dtype gguf-a8 against gguf) and off a draft (`--draft-dtype w4a8` against `int4`).
 
 One process: the target loaded at gguf and at gguf-a8 (the same GGUF codes; bf16 activations
@@ -21,8 +22,8 @@ import torch
 
 from dcoco.decode.cost_curve import interleaved_ms, machine_fingerprint
 from dcoco.decode.methods import MethodOptions, build_proposer
-from dcoco.models.int4_dot import int4_dot_available
-from dcoco.models.loading import DEFAULT_TARGET, load_target
+from dcoco.models.target.int4_dot import int4_dot_available
+from dcoco.models.target.loading import DEFAULT_TARGET, load_target
 
 TOKENS, SLOTS, REPEATS = (1, 2, 3, 5, 8), (1, 2, 3, 4, 5, 7), 30
 sys.path.insert(0, str(Path(__file__).parent))

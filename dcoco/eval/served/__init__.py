@@ -1,0 +1,1 @@
+"""Measuring a running server: the HTTP load client, its report, the soak."""

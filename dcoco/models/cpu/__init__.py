@@ -1,0 +1,1 @@
+"""Fused CPU kernels: their C++ sources, the build, the CPU's features."""

@@ -1,0 +1,2 @@
+"""The block drafter: its config and checkpoints, copy hints, the decoding pass, the draft
+vocabulary, the catalogue."""

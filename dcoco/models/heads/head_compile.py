@@ -1,0 +1,133 @@
+"""A draft head's pick, compiled with torch.compile (inductor), warmed up before it is timed.
+
+Eagerly, a DCOCO corrector call is some 300 small operators (top-k, features, three vocabulary
+tables, pair counts, the successor query, one walk row per slot pair), so at served sizes it
+costs about what the drafter's pass does, and whether the corrector pays (dcoco.serving.head_ceiling
+under load in vLLM, the draft length in our engine) turns on those milliseconds. Compiled, inductor
+fuses them: the schedule probe read the head at +2.0 ms a call over the drafter's own pick at 16
+requests x 2 drafts, against +4.1 ms eagerly (2-core Xeon, bf16; `COMPILED=1
+scripts/reproduce/corrector_served_cost.py` times both). The picks are the eager ones in fp32; in
+bf16 fused operators round differently, so a near tie can go the other way (either pick is
+verified: output is unchanged).
+
+Compiling takes 5-15 s a graph on 2 cores, and the walk's loop over slot pairs makes one graph
+per slot count (one more for a single request, whose size-1 dimension torch specialises), so the
+first call compiles every slot count the drafter can be asked for (1 .. max_slots, for each of
+`batch_sizes`: 1 and 2 requests where vLLM serves, later batch sizes reuse the second, dynamic,
+graph; 1 in our engine), whether or not the head picks in that step; inductor keeps the compiled
+code in its on-disk cache, so a restart mostly re-traces (21 s against 49 s cold, model 207). Any
+failure (no C++ compiler, an operator inductor cannot lower) leaves the eager call in place, with
+one line on stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+from torch import Tensor, nn
+
+from dcoco.models.heads.base import select_draft
+
+_GRAPHS = 0  # graphs compiled for draft heads in this process (HeadSelect._compiled)
+
+# config.json of the drafter view `dcoco serve` hands vLLM (dcoco.serving.checkpoint_view): true
+# = the plugin's model class compiles its head's pick
+COMPILE_KEY = "dcoco_compile_head"
+
+
+class HeadSelect:
+    """`select_draft(head, hidden, logits, anchor_ids, selection, column_ids)`: with `compile`,
+    compiled on the first `prepare` or call for every slot count up to `max_slots` (the eager
+    call where compiling failed); without, the eager call."""
+
+    def __init__(self, head: nn.Module, selection: str | None, column_ids: Tensor | None,
+                 max_slots: int, compile: bool = True,
+                 batch_sizes: tuple[int, ...] = (1, 2)):  # fmt: skip
+        """`batch_sizes`: the request counts compiled ahead, for every slot count (vLLM: 1 and 2,
+        the second standing for every larger batch; our engine drafts for one)."""
+        self.head, self.selection, self.column_ids = head, selection, column_ids
+        self.max_slots, self.batch_sizes = max_slots, batch_sizes
+        self._call = None if compile else self._eager  # compiled on the first prepare or call
+        self.setup_s = 0.0  # seconds the compiling took (0 until it ran, and when eager)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether calls run the compiled function (not yet prepared, eager or failed: False)."""
+        return self._call is not None and self._call != self._eager
+
+    def prepare(self, hidden: Tensor, logits: Tensor, anchor_ids: Tensor) -> None:
+        """Compile now, from a call's inputs (shapes and dtypes): the server's first drafting
+        step does it even where the head's ceiling keeps the head out of that step."""
+        if self._call is None:
+            self._call = self._compiled(*_contiguous(hidden, logits, anchor_ids))
+
+    def __call__(self, hidden: Tensor, logits: Tensor, anchor_ids: Tensor) -> Tensor:
+        """Token ids [requests, slots] from hidden [requests, slots, hidden], logits [requests,
+        slots, columns] and anchor_ids [requests]."""
+        block = _contiguous(hidden, logits, anchor_ids)
+        self.prepare(*block)
+        return self._call(*block)
+
+    def _eager(self, hidden: Tensor, logits: Tensor, anchor_ids: Tensor) -> Tensor:
+        return select_draft(self.head, hidden, logits, anchor_ids, self.selection, self.column_ids)
+
+    def _compiled(self, hidden: Tensor, logits: Tensor, anchor_ids: Tensor):
+        # timed from here: the frozen tables too are set-up, not a first draft's cost (counted
+        # as one, they held `--num-draft-tokens auto` at no drafts for a whole demo)
+        started = time.perf_counter()
+        prepare = getattr(self.head, "prepare_inference", None)
+        if prepare is not None:  # after vLLM swapped the target's embedding in: tables are final
+            prepare(frozen=True)
+        # Every HeadSelect compiles the same code object (`_eager`), and dynamo caps the graphs
+        # one code object keeps (8 by default): past the cap it would run every head's call
+        # eagerly. So the cap grows by the graphs each head compiles (two heads in one run: a
+        # bench of two selection rules, `--dtype auto` timing each precision's head).
+        global _GRAPHS
+        _GRAPHS += len(self.batch_sizes) * self.max_slots + 2
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, _GRAPHS)
+        compiled = torch.compile(self._eager, dynamic=True)
+        try:
+            for slots in range(1, self.max_slots + 1):
+                for requests in self.batch_sizes:
+                    compiled(*_like(hidden, logits, anchor_ids, requests, slots))
+        except Exception as error:  # noqa: BLE001 - any compiler failure: serve the eager call
+            reason = (str(error).splitlines() or [""])[0]
+            print(f"dcoco: the draft head runs eagerly ({type(error).__name__}: {reason})",
+                  file=sys.stderr)  # fmt: skip
+            return self._eager
+        seconds = self.setup_s = time.perf_counter() - started
+        print(f"dcoco: draft head compiled for 1-{self.max_slots} slots in {seconds:.0f} s",
+              file=sys.stderr)  # fmt: skip
+        return compiled
+
+
+def _contiguous(*tensors: Tensor) -> tuple[Tensor, ...]:
+    """As the warm-up's inputs are: a view with other strides would compile a graph of its own.
+    Dynamo's guards read every stride, a size-1 dimension's too, which `contiguous()` leaves as
+    it is (our engine's first 7 of 8 slots: stride 8 x hidden over one request), so such a view
+    is copied to the dense strides."""
+    return tuple(
+        tensor if tensor.stride() == _dense_strides(tensor.shape) else tensor.clone(
+            memory_format=torch.contiguous_format)
+        for tensor in tensors
+    )  # fmt: skip
+
+
+def _dense_strides(shape: torch.Size) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
+
+
+def _like(hidden: Tensor, logits: Tensor, anchor_ids: Tensor, requests: int, slots: int):
+    """Inputs shaped as a call with `requests` x `slots` would pass them, values taken from the
+    first request of the real call (their values do not matter for compiling)."""
+    return (
+        hidden[:1, :1].expand(requests, slots, -1).contiguous(),
+        logits[:1, :1].expand(requests, slots, -1).contiguous(),
+        anchor_ids[:1].expand(requests).contiguous(),
+    )
