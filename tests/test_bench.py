@@ -46,6 +46,7 @@ def config(tmp_path_factory) -> BenchConfig:
         temperatures=(0.0, 1.0),
         max_new_tokens=12,
         dtype="fp32",
+        num_draft_tokens="4",  # not auto: a timing on a busy machine may choose 1 slot
         run_name="tiny",
         results_dir=str(tmp_path / "results"),
     )
@@ -255,8 +256,8 @@ def test_heldout_on_a_bench_run_rebuilds_its_prompts(run_dir, target, tmp_path):
     torch.manual_seed(0)
     drafter = BlockDrafter(config, target.embed_tokens, target.lm_head)
     path = save_drafter(tmp_path / "d", drafter, target.info, torch.float32)
-    settings = HeldoutConfig(methods=(f"dflash@{path}",), slots=(1, 3), anchors_per_seq=0,
-                             bench_run=str(run_dir), oracle_k=0)  # fmt: skip
+    settings = HeldoutConfig(methods=(f"dflash@{path}",), num_draft_tokens=(1, 3),
+                             anchors_per_seq=0, bench_run=str(run_dir), oracle_k=0)  # fmt: skip
     result = measure(settings, target=target)
     (row,) = result["methods"].values()
     assert set(row["suites"]) == {"gsm8k", "mtbench"}

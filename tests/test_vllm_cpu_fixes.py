@@ -33,6 +33,22 @@ def test_expand_into_fills_each_requests_tokens_in_the_outputs_dtype():
     expand_into(out, torch.tensor([]), torch.tensor([], dtype=torch.int32), 0, 1)  # no requests
 
 
+def test_the_probe_tells_a_fixed_override_from_a_broken_one():
+    from dcoco.serving.vllm.cpu_fixes import expands_correctly
+
+    def drops_its_result(output, input_val, cu_num_tokens, replace_from, replace_to):
+        expand_into(output.clone(), input_val, cu_num_tokens, replace_from, replace_to)
+
+    def truncates(output, input_val, *args):  # writes back an int64 copy: 0.5 becomes 0
+        expand_into(output, input_val.to(torch.int64).to(output.dtype), *args)
+
+    def raises(*args):
+        raise RuntimeError("no C++ kernels")
+
+    assert expands_correctly(expand_into)
+    assert not any(map(expands_correctly, (drops_its_result, truncates, raises)))
+
+
 @pytest.mark.vllm
 def test_the_registered_cpu_override_expands_correctly_once_fixed():
     pytest.importorskip("vllm")

