@@ -74,3 +74,35 @@ def test_sampled_replies_leave_greedy_and_repeat_with_their_seed(tmp_path):
     assert first != greedy  # a random tiny model's next-token distribution is far from one-hot
     with pytest.raises(DcocoError, match="--temperature"):
         run(DatagenConfig(prompts=str(prompts_file), temperature=-1.0))
+
+
+def test_two_shards_merged_equal_one_run_token_for_token(tmp_path):
+    from dcoco.data.shards import shard_of
+
+    target = make_tiny_target("llama")  # fp32
+    target.tokenizer = CharTokenizer()
+    rows = [{"id": f"q{i}", "turns": ["ba" * (i % 4 + 1) + "a" * i]} for i in range(9)]
+    prompts_file = tmp_path / "prompts.jsonl"
+    prompts_file.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    prompts = read_prompts(str(prompts_file))
+    shards = [shard_of(prompts, f"{i}/2") for i in range(2)]
+    assert sorted(p["id"] for s in shards for p in s) == sorted(p["id"] for p in prompts)
+    assert (
+        shards[0] and shards[1] and not {p["id"] for p in shards[0]} & {p["id"] for p in shards[1]}
+    )
+
+    def config(out, shard="0/1"):
+        return DatagenConfig(out=str(out), batch_size=3, max_new_tokens=10, chat=False, shard=shard)
+
+    assert generate_corpus(target, prompts, config(tmp_path / "one")) == 9
+    for index, shard in enumerate(shards):  # both write into one directory
+        assert generate_corpus(target, shard, config(tmp_path / "two", f"{index}/2")) == len(shard)
+    names = sorted(p.name for p in (tmp_path / "two").glob("part-*.jsonl"))
+    assert names == ["part-0000of0002-0000.jsonl", "part-0001of0002-0000.jsonl"]
+    one = {s.id: s for s in load_corpus(tmp_path / "one")}
+    two = {s.id: s for s in load_corpus(tmp_path / "two")}
+    assert one.keys() == two.keys()
+    assert all(one[k].response_ids == two[k].response_ids for k in one)
+    for bad in ("2/2", "1", "a/b", "0/0"):
+        with pytest.raises(DcocoError, match="--shard must be I/N"):
+            shard_of(prompts, bad)

@@ -32,6 +32,7 @@ from tqdm import tqdm
 from dcoco import paths
 from dcoco.config import Command
 from dcoco.data.jsonl import iter_jsonl
+from dcoco.data.shards import next_part, shard_of
 from dcoco.errors import DcocoError
 from dcoco.models.target.loading import DEFAULT_TARGET, load_target, resolve_target
 from dcoco.models.target.precision import HF_DTYPE_NAMES
@@ -61,6 +62,7 @@ class DatagenConfig:
     kv_cache_gib: float = 2.0  # vllm: KV-cache memory in GiB (0 = vLLM sizes it from free memory)
     temperature: float = 0.0  # 0 = greedy replies; > 0 = sampled at this temperature, no top-k/p
     seed: int = 0  # sampling seed of the vllm engine (replies depend on batching) or each hf batch
+    shard: str = "0/1"  # I/N: answer the prompts of shard I of N (by id), parts named apart
 
 
 def run(config: DatagenConfig) -> int:
@@ -70,7 +72,7 @@ def run(config: DatagenConfig) -> int:
         raise DcocoError(f"--temperature must be 0 (greedy) or above, got {config.temperature}")
     if config.engine not in ENGINES:
         raise DcocoError(f"--engine must be one of {', '.join(ENGINES)}, got '{config.engine}'")
-    prompts = read_prompts(config.prompts)
+    prompts = shard_of(read_prompts(config.prompts), config.shard)
     python = _vllm_python(config.engine)
     started = time.perf_counter()
     if python is None:
@@ -129,12 +131,14 @@ def generate_with_vllm(python: str, prompts: list[dict], config: DatagenConfig) 
         "model": str(model), "dtype": HF_DTYPE_NAMES.get(config.dtype, config.dtype),
         "records": records, "chunk": config.chunk,
         "tensor_parallel_size": config.tensor_parallel_size, "max_model_len": longest,
-        "max_new_tokens": config.max_new_tokens, "part": str(_next_part(out)),
-        "enforce_eager": not config.device.startswith("cuda"),  # CPU: no graphs to capture
+        "max_new_tokens": config.max_new_tokens, "part": str(next_part(out, config.shard)),
+        "enforce_eager": not _on_gpu(config.device),  # CUDA graphs on a GPU; none on a CPU
         "kv_cache_bytes": int(config.kv_cache_gib * (1 << 30)),
         "temperature": config.temperature, "seed": config.seed,
     }  # fmt: skip
-    request_file, summary_file = out / ".vllm-request.json", out / ".vllm-summary.json"
+    tag = config.shard.replace("/", "of")  # shards sharing `out` keep their own files
+    request_file = out / f".vllm-request-{tag}.json"
+    summary_file = out / f".vllm-summary-{tag}.json"
     summary_file.unlink(missing_ok=True)
     request_file.write_text(json.dumps({**request, "summary": str(summary_file)}))
     # vLLM-CPU keeps a core for its scheduler; offline batches leave the scheduler mostly idle,
@@ -173,8 +177,9 @@ def done_ids(out: Path) -> set[str]:
     return ids
 
 
-def _next_part(out: Path) -> Path:
-    return out / f"part-{len(list(out.glob('part-*.jsonl'))):04d}.jsonl"
+def _on_gpu(device: str) -> bool:
+    """Whether vLLM will run on a GPU: `cuda...`, or no device named and CUDA present."""
+    return device.startswith("cuda") or (not device and torch.cuda.is_available())
 
 
 def generate_corpus(target: TargetModel, prompts: list[dict], config: DatagenConfig) -> int:
@@ -183,7 +188,7 @@ def generate_corpus(target: TargetModel, prompts: list[dict], config: DatagenCon
     todo = pending(prompts, out, config.limit)
     encoded = [(p, target.encode_chat(p["user"], chat=config.chat)) for p in todo]
     encoded.sort(key=lambda item: len(item[1]))
-    part = _next_part(out)
+    part = next_part(out, config.shard)
     written = 0
     with part.open("a") as sink, tqdm(total=len(encoded), unit="prompt") as bar:
         for start in range(0, len(encoded), config.batch_size):
