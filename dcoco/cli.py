@@ -25,7 +25,7 @@ COMMANDS = (
     "dcoco.train.drafter_train",
     "dcoco.train.head_train",
     "dcoco.train.corrector_cache",
-    "dcoco.train.draft_vocab_build",
+    "dcoco.data.draft_vocab_build",
     "dcoco.train.recipe",
     "dcoco.data.datagen",
     "dcoco.serving.serve",

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from dcoco.data.distill import Sample
+from dcoco.data.draft_vocab_build import DraftVocabConfig, run
 from dcoco.decode.dflash_proposer import DFlashProposer
 from dcoco.decode.engine import Engine
 from dcoco.decode.head_proposer import HeadProposer
@@ -33,7 +34,6 @@ from dcoco.models.heads.corrector import Corrector, CorrectorConfig
 from dcoco.models.heads.head_registry import build_head
 from dcoco.models.target.packed_linear import PackedLinear, onednn_available
 from dcoco.models.target.precision import Int8WeightLinear
-from dcoco.train.draft_vocab_build import DraftVocabConfig, run
 
 TAPS = (0, 1, 3)
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -144,3 +144,23 @@ def test_each_recipe_says_what_its_shipped_checkpoint_was_trained_with(tmp_path)
             and getattr(config, field) != recorded[field]
         }
         assert not differ, (name, differ)
+
+
+def test_the_real_scale_recipe_plans_on_the_meta_device(capsys):
+    """The Qwen3-8B-scale recipe: both models built on the meta device (no weights, no memory),
+    parameters, memory per GPU, cache size and steps printed; nothing runs."""
+    from dcoco.train.recipe import RecipeConfig, run
+
+    recipe = REPO_ROOT / "recipes" / "qwen3-8b" / "dflash-b16.toml"
+    assert run(RecipeConfig(recipe=str(recipe), dry_run=True, target="model-dir")) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert (
+        lines[0].startswith("to run   scratch: dcoco train-drafter")
+        and "--target model-dir" in lines[0]
+    )
+    plan = {line[:8].strip(): line[9:] for line in lines[1:]}
+    assert plan["target"].startswith("8.19 B parameters")  # Qwen3-8B
+    assert plan["drafter"].startswith("1048.6 M")  # 5 layers at width 4096, fc 5 x 4096 -> 4096
+    memory = float(plan["memory"].split()[0])
+    assert 30 < memory < 40  # bf16 target 15.3 GiB + the drafter's fp32 weights and Adam 15.6
+    assert plan["cache"].startswith("40.0 KiB") and plan["steps"] == "150,000"

@@ -29,7 +29,7 @@ import shutil
 import sys
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -57,6 +57,7 @@ class Recipe:
     target: str
     about: str
     stages: tuple[Stage, ...]
+    target_config: dict = field(default_factory=dict)  # the target's HF config, for --dry-run
 
 
 def read_recipe(path: Path) -> Recipe:
@@ -68,7 +69,10 @@ def read_recipe(path: Path) -> Recipe:
             Stage(s["name"], s["command"], s.get("init", ""), {**common, **s.get("flags", {})})
             for s in data["stages"]
         )
-        recipe = Recipe(data["checkpoint"], data["target"], data.get("about", ""), stages)
+        recipe = Recipe(
+            data["checkpoint"], data["target"], data.get("about", ""), stages,
+            data.get("target_config", {}),
+        )  # fmt: skip
     except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError) as error:
         raise DcocoError(
             f"{path} is not a training recipe ({type(error).__name__}: {error})"
@@ -114,12 +118,18 @@ def artefact_dir(runs: Path, recipe: Recipe, stage: Stage) -> Path:
     return stage_dir(runs, recipe, stage) / name
 
 
-def stage_argv(runs: Path, recipe: Recipe, stage: Stage, threads: int = 0) -> list[str]:
+def stage_argv(
+    runs: Path, recipe: Recipe, stage: Stage, threads: int = 0, target: str = ""
+) -> list[str]:
     """The stage's full command line (after `dcoco`), with its --out and resolved --init."""
     argv = [stage.command, "--out", str(stage_dir(runs, recipe, stage))]
     if stage.init:
         argv += ["--init", str(resolve_init(runs, recipe, stage.init))]
-    flags = {**stage.flags, **({"threads": threads} if threads > 0 else {})}
+    flags = {
+        **stage.flags,
+        **({"threads": threads} if threads > 0 else {}),
+        **({"target": target} if target else {}),
+    }
     return argv + flag_argv(flags)
 
 
@@ -167,10 +177,11 @@ def run_recipe(
     threads: int = 0,
     dry_run: bool = False,
     execute: Execute = run_command,
+    target: str = "",
 ) -> list[str]:
     """Run every stage not finished yet, in order; returns what each stage did."""
     # Every stage's flags are checked before the first one trains (inits may not exist yet).
-    planned = [(s, stage_argv(runs, recipe, s, threads)) for s in recipe.stages]
+    planned = [(s, stage_argv(runs, recipe, s, threads, target)) for s in recipe.stages]
     parsed = [parse_stage(argv) for _, argv in planned]
     report = []
     for (stage, argv), (command, config) in zip(planned, parsed, strict=True):
@@ -210,7 +221,8 @@ class RecipeConfig:
     recipe: str = ""  # the recipe file (recipes/<target>/<checkpoint>.toml)
     runs: str = ""  # where the stages run; empty = $DCOCO_CACHE_DIR/runs
     threads: int = 0  # torch CPU threads of every stage; 0 = the recipe's own
-    dry_run: bool = False  # print each stage's command and whether it is done; run nothing
+    dry_run: bool = False  # print each stage's command and whether it is done, and the plan
+    target: str = ""  # the target model directory for every stage; empty = each stage's own
     ship: bool = False  # copy the finished checkpoint into checkpoints/<target>/<checkpoint>/
 
 
@@ -220,9 +232,26 @@ def run(config: RecipeConfig) -> int:
     if config.ship:
         print(f"dcoco recipe: shipped {ship(recipe, runs)}", file=sys.stderr)
         return 0
-    for line in run_recipe(recipe, runs, config.threads, config.dry_run):
+    for line in run_recipe(recipe, runs, config.threads, config.dry_run, target=config.target):
         print(line)
+    if config.dry_run:
+        for line in plan_lines(recipe, config.target):
+            print(line)
     return 0
+
+
+def plan_lines(recipe: Recipe, target: str) -> list[str]:
+    """The recipe's cost (dcoco.train.recipe_plan) where its first stage trains a fresh drafter
+    for a target whose config is known: the recipe's [target_config], or `target`'s config.json."""
+    first = recipe.stages[0]
+    target_config = recipe.target_config
+    if not target_config and target and (Path(target) / "config.json").is_file():
+        target_config = json.loads((Path(target) / "config.json").read_text())
+    if first.init or not target_config:
+        return ["plan     needs a fresh first stage and the target's config ([target_config])"]
+    from dcoco.train.recipe_plan import plan
+
+    return plan(target_config, first.flags, [s.flags for s in recipe.stages]).lines()
 
 
 COMMAND = Command(
