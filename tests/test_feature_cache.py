@@ -113,3 +113,18 @@ def test_cache_parts_caches_the_trained_parts_and_reads_the_rest_online(
     ] == ["part-0000"]
     later = next(s for s in samples if s.id == "p1-0")
     torch.testing.assert_close(cache(later), TargetFeatures(tiny_llama_target, TAPS)(later))
+
+
+def test_a_cache_the_disk_cannot_hold_is_refused_before_anything_is_written(
+    tiny_llama_target, corpus, tmp_path, monkeypatch
+):
+    import shutil
+    from collections import namedtuple
+
+    from dcoco.errors import DcocoError
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**6, 10**6 - 1000, 1000))
+    with pytest.raises(DcocoError, match="the feature cache needs .* GiB .* --feature-cache off"):
+        build_feature_cache(tiny_llama_target, TAPS, corpus, tmp_path / "cache", progress_bar=False)
+    assert not list((tmp_path / "cache").rglob("*.bin"))

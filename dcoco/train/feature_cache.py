@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -202,6 +203,7 @@ def build_feature_cache(
 def _build_missing(target, taps, missing, shards, batch_tokens, progress_bar) -> None:
     loaded = [(part, path, read_part(part, target.max_context)) for part, path in missing]
     total = sum(s.num_tokens for _, _, samples in loaded for s in samples)
+    check_room(missing[0][1].parent, total * len(taps) * target.info.hidden_size * 2)
     print(
         f"dcoco: caching target features of {len(loaded)} corpus parts ({total:,} tokens) "
         f"under {missing[0][1].parent}",
@@ -214,6 +216,18 @@ def _build_missing(target, taps, missing, shards, batch_tokens, progress_bar) ->
             bar.write(f"dcoco: cached {part.name} ({len(samples)} records)")
     rate = total / max(time.perf_counter() - start, 1e-9)
     print(f"dcoco: feature cache complete ({rate:,.0f} tokens/s)", file=sys.stderr)
+
+
+def check_room(root: Path, needed: int) -> None:
+    """Refuse, in one line and before writing anything, a cache the disk cannot hold (with a
+    tenth spare): at a real target's width it is tens of KiB a token."""
+    free = shutil.disk_usage(root).free
+    if needed * 1.1 > free:
+        raise DcocoError(
+            f"the feature cache needs {needed / 2**30:,.1f} GiB under {root} and the disk has "
+            f"{free / 2**30:,.1f} GiB free: pass --feature-cache off (features computed every "
+            "step), --cache-parts N or --max-records N, or a --feature-cache root with room"
+        )
 
 
 def open_features(
