@@ -81,7 +81,7 @@ def test_schedule_down_to_no_drafts_keeps_greedy_output_and_skips_the_drafter(mo
     # while 3-4 requests ran, no drafts: the drafter only stored its context (the runner's
     # shortcut: the batch shrinks, so no K = 0 step follows a drafting one), sampling was plain
     assert steps["runner_context_only"] > 0 and steps["plain_sampling"] > 0
-    # at 4 requests, beyond the largest drafting batch (2) + CONTEXT_MARGIN, no context stored
+    # at 4 requests, beyond the largest drafting batch (2) + the context margin, no context stored
     assert steps["context_skipped"] > 0
     assert steps["draft_calls_skipped"] > 0  # the engine did not ask for drafts after K = 0
 
@@ -263,7 +263,8 @@ def test_runner_shortcut_stores_the_same_context_as_the_proposer_path(monkeypatc
         return out
 
     monkeypatch.setattr(GPUModelRunner, "propose_draft_token_ids", recorded)
-    monkeypatch.setattr(vllm_no_draft, "CONTEXT_MARGIN", 1 << 16)  # every K = 0 step stores it
+    every_step = PluginSettings(context_margin=1 << 16)  # every K = 0 step stores the context
+    monkeypatch.setenv(SETTINGS_ENV, every_step.environment()[SETTINGS_ENV])
     speculative = {
         "method": "dflash",
         "model": str(checkpoints_dir() / TARGET / CHECKPOINT),
