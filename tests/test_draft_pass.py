@@ -1,6 +1,5 @@
 """The drafter's decoding pass (dcoco.models.drafter.draft_pass): the module's arithmetic bit for
-bit, a
-block cut to the drafted slots (`--draft-block drafted`) and int4 products
+bit, a block cut to the drafted slots (`--draft-block drafted`) and int4 products
 (`--draft-dtype int4`, dcoco.models.target.int4_groups); decoding with either stays plain's."""
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """The prefix-first walk from one row per slot pair (dcoco.models.heads.grid_parts): each row it
-computes
-has the bits of the whole grid's row, so outside autograd `select` picks what the grid's rule
-picks, without filling the K x K grid."""
+computes has the bits of the whole grid's row, so outside autograd `select` picks what the grid's
+rule picks, without filling the K x K grid."""
 
 from __future__ import annotations
 

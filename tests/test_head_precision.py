@@ -1,7 +1,6 @@
 """The LM head's precision (dcoco.models.target.head_precision, `--head-dtype`): an fp32 head
-beside a
-half-precision target computes each verify row as the step computes it, output stays plain's, a
-drafter in fp32 shares it, and `auto` weighs it only where it may pay."""
+beside a half-precision target computes each verify row as the step computes it, output stays
+plain's, a drafter in fp32 shares it, and `auto` weighs it only where it may pay."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The corrector's inference path (dcoco.models.heads.pair_grid, dcoco.models.heads.vocab_table)
-against its
-training form: the chunked grid gives the same bits, the tabled projections the same scores up
-to rounding, and a table never outlives the weights it was made from."""
+against its training form: the chunked grid gives the same bits, the tabled projections the same
+scores up to rounding, and a table never outlives the weights it was made from."""
 
 from __future__ import annotations
 

@@ -1,18 +1,16 @@
 """`--dtype auto` and `--head-dtype auto`: the target's precision and its LM head's for this
 machine and these methods, from measured costs.
 
-Which precision decodes fastest depends on the CPU (native or emulated bf16, AMX, int4 kernels)
-and on the method: the 4-bit GGUF codes make a 1-token step much cheaper than bf16, while a
-k-token verify gains less (the int4 kernel's cost grows with the row count). On a CPU that
-emulates bf16 the LM head is the same trade at a smaller scale: in fp32 it costs a step more and
-a verify less (dcoco.models.target.head_precision). So each setting's forward-cost curve is
-measured on
-this machine (dcoco.decode.cost_curve, cached), and auto takes the setting under which the run's
-best method expects the most tokens per millisecond: E(k) / (verify(k + 1) + draft) at its best
-draft length k, with the method's stored per-slot acceptance and its draft pass (and correction)
-timed at that setting, or 1 / step(1) where no draft pays (plain). The choice is cached per
-machine, target and methods; `dcoco profile --refresh` redoes it. On CUDA auto is bf16 with the
-target's head.
+Which precision decodes fastest depends on the CPU (native or emulated bf16, AMX, int4 kernels) and
+on the method: the 4-bit GGUF codes make a 1-token step much cheaper than bf16, while a k-token
+verify gains less (the int4 kernel's cost grows with the row count). On a CPU that emulates bf16 the
+LM head is the same trade at a smaller scale: in fp32 it costs a step more and a verify less
+(dcoco.models.target.head_precision). So each setting's forward-cost curve is measured on this
+machine (dcoco.decode.cost_curve, cached), and auto takes the setting under which the run's best
+method expects the most tokens per millisecond: E(k) / (verify(k + 1) + draft) at its best draft
+length k, with the method's stored per-slot acceptance and its draft pass (and correction) timed at
+that setting, or 1 / step(1) where no draft pays (plain). The choice is cached per machine, target
+and methods; `dcoco profile --refresh` redoes it. On CUDA auto is bf16 with the target's head.
 """
 
 from __future__ import annotations
@@ -45,8 +43,7 @@ from dcoco.paths import cache_dir
 
 # Bumped when the drafter's pass changes what a draft costs, so that choices cached before it are
 # made again (2: dcoco.models.drafter.draft_pass, int4 drafters, drafted blocks; 3: w4a8 drafters;
-# 4: the
-# w4a8 MLP in one call, the attention in place, the copy bonus in C++).
+# 4: the w4a8 MLP in one call, the attention in place, the copy bonus in C++).
 DRAFT_PASS = 4
 # CPU precisions auto compares, where the target has them (precision_available)
 CANDIDATES = ("bf16", "gguf", "gguf-a8", "fp32")

@@ -28,14 +28,13 @@ from dcoco.paths import cache_dir
 
 CONTEXT = 300  # tokens already in the cache when a step is timed (a mid-length chat reply)
 CURVE_TOKENS = 16  # the least a curve covers, so one measurement serves every draft length
-# Bumped when a kernel change moves what a forward costs, so that curves and choices cached
-# before it are measured again (2: rowwise's fp32 product for half-precision rows on AVX2 CPUs;
-# 3: decoding calls through dcoco.models.target.layer_loop; 4: the fp32 product on every CPU
-# without AMX;
-# 5: that product's K/V cached in fp32; 6: fused CPU kernels for norms and rotary, and whether
-# they built here, dcoco.models.cpu.cpu_kernels; 7: w4a8 products, dcoco.models.target.int4_dot, the
-# drafter's C++ attention and the fused row argmax; 8: w4a8 rows rounded in C++ from bf16,
-# the drafter's MLP in one call, its attention reading grouped heads in place, the copy bonus).
+# Bumped when a kernel change moves what a forward costs, so that curves and choices cached before
+# it are measured again (2: rowwise's fp32 product for half-precision rows on AVX2 CPUs; 3: decoding
+# calls through dcoco.models.target.layer_loop; 4: the fp32 product on every CPU without AMX; 5:
+# that product's K/V cached in fp32; 6: fused CPU kernels for norms and rotary, and whether they
+# built here, dcoco.models.cpu.cpu_kernels; 7: w4a8 products, dcoco.models.target.int4_dot, the
+# drafter's C++ attention and the fused row argmax; 8: w4a8 rows rounded in C++ from bf16, the
+# drafter's MLP in one call, its attention reading grouped heads in place, the copy bonus).
 KERNELS = 8
 
 

@@ -11,18 +11,16 @@ for SmolLM2) in fp32 there.
 
 On a CPU with native bf16 but no AMX (AVX-512 bf16: AMD Zen 4) the pass streams its weights faster
 as int4 groups (dcoco.models.target.int4_groups) on the CPU's int4 kernel: 2-core EPYC, SmolLM2's
-drafter,
-3 drafts over the drafted slots, 3.1 ms in bf16 against 2.1 ms in int4
+drafter, 3 drafts over the drafted slots, 3.1 ms in bf16 against 2.1 ms in int4
 (scripts/reproduce/draft_pass_cost.py). So `auto` is int4 there, for drafters whose layers the
-kernel takes (every input width a multiple of 32). Where the CPU also has AVX-512 VNNI and the
-fused kernels build, `auto` is w4a8 (dcoco.models.target.int4_dot: the same int4 weights, the few
-rows
-of a draft rounded to int8 per 32 inputs and summed in int32, as llama.cpp does): 4 drafts 2.05 ->
-1.61 ms and 7 drafts 3.34 -> 2.30 ms on that EPYC, τ unchanged (scripts/reproduce/w4a8_cost.py,
+kernel takes (every input width a multiple of 32). Where the CPU also has AVX-512 VNNI and the fused
+kernels build, `auto` is w4a8 (dcoco.models.target.int4_dot: the same int4 weights, the few rows of
+a draft rounded to int8 per 32 inputs and summed in int32, as llama.cpp does): 4 drafts 2.05 -> 1.61
+ms and 7 drafts 3.34 -> 2.30 ms on that EPYC, τ unchanged (scripts/reproduce/w4a8_cost.py,
 docs/lab/results.md). Elsewhere (AMX, where bf16 products run on tiles; CUDA) it is the target's
-dtype. Drafts are proposals: the target still verifies every token, so the output is the same;
-only which tokens get proposed may change, as between any two precisions (τ at 4 and 7 drafts
-moved by 0.01-0.02 between bf16 and int4, docs/lab/results.md).
+dtype. Drafts are proposals: the target still verifies every token, so the output is the same; only
+which tokens get proposed may change, as between any two precisions (τ at 4 and 7 drafts moved by
+0.01-0.02 between bf16 and int4, docs/lab/results.md).
 
 `--draft-block drafted` (the default) runs the anchor and the slots this cycle drafts, not the
 whole block, as vLLM runs DFlash when it drafts fewer tokens than the block holds; the slots see
@@ -111,9 +109,8 @@ def load_proposer_drafter(path, target: TargetModel, name: str) -> BlockDrafter:
 def drafter_product(name: str, target: TargetModel, config: DrafterConfig) -> Product | None:
     """The product the setting `name` runs the drafter's layers and draft head on (of `config`):
     int4 groups (dcoco.models.target.int4_groups) or w4a8 (dcoco.models.target.int4_dot), CPU
-    targets only and
-    widths the int4 kernels pack (`auto` falls back to the target's dtype for others; a named
-    setting fails clearly); None where the layers keep their dtype."""
+    targets only and widths the int4 kernels pack (`auto` falls back to the target's dtype for
+    others; a named setting fails clearly); None where the layers keep their dtype."""
     setting = draft_setting(name, target)
     if setting not in QUANTISED:
         return None
@@ -133,9 +130,8 @@ def drafter_product(name: str, target: TargetModel, config: DrafterConfig) -> Pr
 def pack_drafter(drafter: BlockDrafter, target: TargetModel,
                  product: Product | None = None) -> BlockDrafter:  # fmt: skip
     """The drafter's decoding pass (dcoco.models.drafter.draft_pass) from its weights: `product`'s
-    layers
-    (drafter_product), else its dtype's, on oneDNN's prepacked kernel where the target's are, or
-    where the drafter runs apart from the target in a dtype oneDNN takes (the draft heads keep
+    layers (drafter_product), else its dtype's, on oneDNN's prepacked kernel where the target's are,
+    or where the drafter runs apart from the target in a dtype oneDNN takes (the draft heads keep
     reading the module's weights, which stay as they are)."""
     draft_pass = DraftPass(drafter, product or dense_product)
     apart = drafter.dtype != target.dtype and target.device.type == "cpu"

@@ -1,10 +1,9 @@
 """The head proposer: the DFlash drafter's one pass, then a draft head (dcoco.models.heads.base)
-turns it
-into the draft: the DCOCO corrector with the selection rule this proposer passes on every call, or a
-sequential DSpark/Domino-style head.
-Every head's draft is deterministic, so the engine verifies it as a point mass (lossless); with
-`sampled_drafts`, a sampled request gets the drafter's sampled drafts instead (a draw from q is
-accepted more often than any one pick at T = 1: dcoco.decode.sampled_drafts)."""
+turns it into the draft: the DCOCO corrector with the selection rule this proposer passes on every
+call, or a sequential DSpark/Domino-style head. Every head's draft is deterministic, so the engine
+verifies it as a point mass (lossless); with `sampled_drafts`, a sampled request gets the drafter's
+sampled drafts instead (a draw from q is accepted more often than any one pick at T = 1:
+dcoco.decode.sampled_drafts)."""
 
 from __future__ import annotations
 

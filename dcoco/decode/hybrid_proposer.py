@@ -1,13 +1,12 @@
 """The hybrid proposer: prompt lookup where the context repeats itself, the drafter elsewhere.
 
-Each cycle looks the n-gram ending at the anchor up among its earlier occurrences (n = 3, then
-2: dcoco.models.drafter.copy_hints, the match the copy-hint drafter reads). With a match it
-proposes the
-tokens that followed it, continued through a loop shorter than the block; without one, the
-drafter's block. Lookup's single-token matches are left out: there the drafter is right more
-often. On the corpus's held-out blocks such a match exists at 52% of the positions and names the
-next token 77% of the time there, against 42% for the block-8 drafter, which is right 57% of the
-time where there is none (scripts/reproduce/copy_split.py).
+Each cycle looks the n-gram ending at the anchor up among its earlier occurrences (n = 3, then 2:
+dcoco.models.drafter.copy_hints, the match the copy-hint drafter reads). With a match it proposes
+the tokens that followed it, continued through a loop shorter than the block; without one, the
+drafter's block. Lookup's single-token matches are left out: there the drafter is right more often.
+On the corpus's held-out blocks such a match exists at 52% of the positions and names the next token
+77% of the time there, against 42% for the block-8 drafter, which is right 57% of the time where
+there is none (scripts/reproduce/copy_split.py).
 
 The drafter does not run in the cycles lookup answers. The taps it did not read wait for its next
 pass, so its context cache stays whole.

@@ -1,8 +1,7 @@
 """Where the drafter loses to copying: teacher-forced slot-1 accuracy at the reply positions where
 the context has a 3- or 2-token match (a copy hint, dcoco.models.drafter.copy_hints) and where it
-has
-none, next to the hint's own accuracy; per suite for a bench run's plain T=0 replies, else on the
-corpus's held-out split (the blocks `dcoco heldout` uses).
+has none, next to the hint's own accuracy; per suite for a bench run's plain T=0 replies, else on
+the corpus's held-out split (the blocks `dcoco heldout` uses).
 
 Usage: .venv/bin/python scripts/reproduce/copy_split.py CHECKPOINT [BENCH_RUN_DIR]
 """

@@ -1,8 +1,7 @@
 """What a drafter layer's halves as one C++ call each (dcoco.models.target.int4_dot.qkv and .mlp,
-w4a8
-drafters: q|k|v with the norm before it and the per-head norms and rotary after it; the MLP with
-its norm and residual) and the copy gate's bonus in one (cpu_kernels.copy_bonus) take off a draft,
-against the same pass with them on PyTorch's operators.
+w4a8 drafters: q|k|v with the norm before it and the per-head norms and rotary after it; the MLP
+with its norm and residual) and the copy gate's bonus in one (cpu_kernels.copy_bonus) take off a
+draft, against the same pass with them on PyTorch's operators.
 
 One process, one loaded target (gguf-a8 unless given), two proposers per method (`dflash`,
 `dcoco`) as decoding builds them (`--draft-dtype auto`: w4a8 where its kernel builds): one as it

@@ -2,12 +2,11 @@
 
 One proposer per setting, all on one loaded target (`--dtype`, default gguf): the drafter's module
 forward as training runs it (`module`), and the decoding pass (dcoco.models.drafter.draft_pass) at
-the
-target's dtype and as int4 groups (`--draft-dtype target | int4`), each over the whole block and
+the target's dtype and as int4 groups (`--draft-dtype target | int4`), each over the whole block and
 over the drafted slots only (`--draft-block full | drafted`). Each call is a steady-state cycle as
-`dcoco profile` times it (2 new taps over a 300-token cache, random tokens and taps, the copy
-hints included), the settings in alternation call after call. Prints median ms per draft length;
-ratios are within this one run.
+`dcoco profile` times it (2 new taps over a 300-token cache, random tokens and taps, the copy hints
+included), the settings in alternation call after call. Prints median ms per draft length; ratios
+are within this one run.
 
 Usage: .venv/bin/python scripts/reproduce/draft_pass_cost.py [DTYPE] [METHOD]   (gguf, dflash)
 """

@@ -2,11 +2,10 @@
 
 Loads the target at one precision twice, with its own LM head and with the fp32 head
 (dcoco.models.target.head_precision), and decodes `dcoco compare`'s built-in prompts with every
-method
-on both, the (head, method) rows taking turns prompt by prompt, so that load elsewhere on the
-machine hits them alike. Default flags otherwise (`--num-draft-tokens auto`, `--draft-dtype
-auto`), T = 0. Prints per row: tokens/s over all prompts, τ, the speed relative to plain decoding
-with the target's head, and how many replies equal that plain's; ratios are within this one run.
+method on both, the (head, method) rows taking turns prompt by prompt, so that load elsewhere on the
+machine hits them alike. Default flags otherwise (`--num-draft-tokens auto`, `--draft-dtype auto`),
+T = 0. Prints per row: tokens/s over all prompts, τ, the speed relative to plain decoding with the
+target's head, and how many replies equal that plain's; ratios are within this one run.
 
 Usage: .venv/bin/python scripts/reproduce/head_dtype.py [DTYPE] [METHOD,...] [MAX_NEW_TOKENS]
   (defaults: gguf, plain,pld,dflash,dcoco, 128)

@@ -1,8 +1,7 @@
 """What one query row's attention costs on this CPU by kernel: the `rowwise` kernel's choice.
 
 The `rowwise` attention (dcoco.models.target.rowwise_attention) runs a decoding step, and every row
-of a
-verify, as one query over the keys it may see. In bf16 it calls SDPA, or, on a CPU without AMX,
+of a verify, as one query over the keys it may see. In bf16 it calls SDPA, or, on a CPU without AMX,
 upcasts q, K and V and calls SDPA's fp32 kernel. This times one SmolLM2 layer's shapes (9 query
 heads, 3 K/V heads, head_dim 64) over 300 and 1,000 keys, call after call in turn:
 

@@ -1,6 +1,5 @@
 """What int8 activations (dcoco.models.target.int4_dot: w4a8) take off the target's steps and
-verifies
-(dtype gguf-a8 against gguf) and off a draft (`--draft-dtype w4a8` against `int4`).
+verifies (dtype gguf-a8 against gguf) and off a draft (`--draft-dtype w4a8` against `int4`).
 
 One process: the target loaded at gguf and at gguf-a8 (the same GGUF codes; bf16 activations
 against rows rounded to int8 per 32 inputs), their forward over 1 token (a step) and over 2-8 (a

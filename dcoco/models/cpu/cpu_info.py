@@ -1,8 +1,7 @@
 """What the CPU says about itself: its model name and the kernel's ISA flags, read once.
 
 Kernel choices (`rowwise` attention's path, dcoco.models.target.packed_linear) and the records that
-key
-timings by machine (cost curves, run records) read the same file; this is the one parser.
+key timings by machine (cost curves, run records) read the same file; this is the one parser.
 """
 
 from __future__ import annotations

@@ -11,15 +11,13 @@ bit-equal to the module's, and its hidden states equal up to the rounding of pro
 rows (tests/test_draft_pass.py). 2-core AMD EPYC (Zen 4), bf16, a block of 8 after 300 tokens:
 4.6 -> 3.5 ms a draft of 3 (scripts/reproduce/draft_pass_cost.py).
 
-The products are plain linear layers in the drafter's dtype (decoding packs them where the
-target's are packed), int4 groups (`--draft-dtype int4`, dcoco.models.target.int4_groups) or int4
-groups
-over int8-rounded rows (`w4a8`, dcoco.models.target.int4_dot; a layer's q|k|v with its norms and
-rotary,
-and its MLP, then run as one C++ call each: int4_dot.qkv and .mlp). Its bf16 attention runs on a
-C++ kernel where the CPU has AVX-512 bf16 (dcoco.models.cpu.cpu_kernels.draft_attention: 16-55
-against SDPA's 45-81 µs for 6-24 query rows over 307 keys, Zen 4), reading the query heads in
-place, else SDPA. Batches of more than one sequence, and training, take the module's forward.
+The products are plain linear layers in the drafter's dtype (decoding packs them where the target's
+are packed), int4 groups (`--draft-dtype int4`, dcoco.models.target.int4_groups) or int4 groups over
+int8-rounded rows (`w4a8`, dcoco.models.target.int4_dot; a layer's q|k|v with its norms and rotary,
+and its MLP, then run as one C++ call each: int4_dot.qkv and .mlp). Its bf16 attention runs on a C++
+kernel where the CPU has AVX-512 bf16 (dcoco.models.cpu.cpu_kernels.draft_attention: 16-55 against
+SDPA's 45-81 µs for 6-24 query rows over 307 keys, Zen 4), reading the query heads in place, else
+SDPA. Batches of more than one sequence, and training, take the module's forward.
 """
 
 from __future__ import annotations

@@ -23,8 +23,7 @@ from dcoco.models.drafter.drafter_config import DrafterConfig, check_compatible
 FORMAT_VERSION = 1
 ARCHITECTURE = "DFlashDraftModel"
 # A drafter that carries a draft head (dcoco.models.heads.head_io) names the head's architecture
-# instead;
-# vLLM only treats names starting with "DFlash" as DFlash drafters.
+# instead; vLLM only treats names starting with "DFlash" as DFlash drafters.
 HEAD_ARCHITECTURES = {
     "dcoco": "DFlashDcocoDraftModel",
     "dspark": "DFlashDSparkDraftModel",

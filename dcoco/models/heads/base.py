@@ -1,8 +1,7 @@
 """Draft heads: small modules trained on top of a block drafter that turn its one pass into a draft.
 
 - `dcoco`: the parallel corrector (dcoco.models.heads.corrector): top-K transition scores for all
-slot
-  pairs in one batched op, then a selection rule walks them.
+  slot pairs in one batched op, then a selection rule walks them.
 - `dspark`: a DSpark-style Markov head: a low-rank logit bias from the previous token, applied slot
   by slot (dcoco.models.heads.sequential_heads).
 - `domino`: a Domino-style GRU head: a full-vocabulary logit delta from a GRU over the tokens

@@ -18,8 +18,7 @@ field whose default is the first corrector's:
   candidate, slot 0's hidden state), so start[b] = S[anchor, b] comes from the same batched op.
 delta's output layers start at zero, so an untrained corrector keeps the drafter's own scores,
 S[p, a, b] = L[p + 1, b] and start = L[0]. A selection rule (dcoco.models.heads.selection), named
-by the
-caller, then walks S to pick one candidate per slot. Training losses:
+by the caller, then walks S to pick one candidate per slot. Training losses:
 dcoco.models.heads.corrector_loss.
 
 The target's embedding is shared and frozen; like the drafter's, it is held outside the module's

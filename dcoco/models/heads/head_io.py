@@ -3,8 +3,7 @@
 The head's weights sit in the same model.safetensors under `head.`, its config in config.json under
 `dcoco_head` (`kind` + the head's config fields), and `architectures` names the head's architecture
 (dcoco.models.drafter.drafter_io.HEAD_ARCHITECTURES) so vLLM with our plugin builds the corrected
-drafter.
-Loaders that only know DFlash read the drafter part unchanged.
+drafter. Loaders that only know DFlash read the drafter part unchanged.
 """
 
 from __future__ import annotations
@@ -34,8 +33,7 @@ from dcoco.models.heads.head_registry import build_head
 
 HEAD_KEY = "dcoco_head"
 # The corrector's selection rule for a server (dcoco.models.heads.selection): a decoding choice, so
-# never
-# in a trained checkpoint's config, only in the view `dcoco serve` hands to vLLM.
+# never in a trained checkpoint's config, only in the view `dcoco serve` hands to vLLM.
 SELECTION_KEY = "dcoco_selection"
 
 

@@ -1,8 +1,7 @@
 """Draft heads by kind name: `dcoco` (the corrector), `dspark` and `domino` (sequential heads).
 
 The contract they share lives in dcoco.models.heads.base; this module is the one place that knows
-every
-head, so the heads themselves import only the contract.
+every head, so the heads themselves import only the contract.
 """
 
 from __future__ import annotations

@@ -113,8 +113,7 @@ SELECTION_RULES: dict[str, Callable[[Scores], Tensor]] = {
 }
 # The rules that read one row of S per slot pair (the prefix-first walk), so a caller outside
 # autograd may compute just those rows (dcoco.models.heads.grid_parts): name -> whether slot 0 is
-# taken
-# by the start scores (where the corrector has them) rather than kept.
+# taken by the start scores (where the corrector has them) rather than kept.
 WALKS = {"greedy": True, "keep1": False}
 
 

@@ -1,8 +1,7 @@
 """Our own int4 quantisation, for the drafter's weights (`--draft-dtype int4`): 4-bit codes with a
 scale and a zero point per 32 inputs, in the convention of gguf's int4 layers
 (dcoco.models.target.gguf_weights.Int4GroupLinear: w = (q - 8)·scale + zero), so they run on the
-same
-CPU kernel.
+same CPU kernel.
 
 Each group maps its [min, max] onto the codes 0..15 (asymmetric, round to nearest). A drafter's
 weights only propose tokens: the target verifies every one, so a quantised drafter changes which

@@ -87,8 +87,7 @@ def load_target(
     """Load `spec` as a TargetModel on `device` (CUDA when present, else CPU), at precision `dtype`
     (dcoco.models.target.precision: bf16 | fp32 | fp16 | int8 | gguf | gguf-a8) with the `attention`
     kernel and the `matmul` kernel of its linear layers (dcoco.models.target.packed_linear: aten,
-    the
-    default, trains; onednn decodes faster on CPU and has no backward), and the LM head at
+    the default, trains; onednn decodes faster on CPU and has no backward), and the LM head at
     `head_dtype` (dcoco.models.target.head_precision: target | fp32).
 
     bf16 is the decoding default: a batch-1 step is memory-bound, and bf16 halves the bytes even

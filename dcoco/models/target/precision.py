@@ -26,8 +26,7 @@ LOAD_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.floa
 # the same dtypes as Hugging Face configs and vLLM's --dtype spell them
 HF_DTYPE_NAMES = {name: str(dtype).removeprefix("torch.") for name, dtype in LOAD_DTYPES.items()}
 # the target's GGUF codes: with bf16 activations (dcoco.models.target.gguf_weights) or with its
-# steps' and
-# verifies' rows rounded to int8 per 32 inputs, as llama.cpp runs them
+# steps' and verifies' rows rounded to int8 per 32 inputs, as llama.cpp runs them
 # (dcoco.models.target.int4_dot)
 GGUF_PRECISIONS = ("gguf", "gguf-a8")
 PRECISIONS = (*LOAD_DTYPES, "int8", *GGUF_PRECISIONS)
