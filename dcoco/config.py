@@ -39,7 +39,7 @@ class Command:
     description: str = ""
     positional: tuple[str, ...] = ()  # fields taken as positional arguments, in this order
     helps: Mapping[str, str] = field(default_factory=dict)  # help lines beyond field comments
-    main_flags: tuple[str, ...] = ()  # fields `--help` shows; empty: all (--help-all: all)
+    main_flags: tuple[str, ...] = ()  # the fields `--help` shows (empty: every field)
     renamed: Mapping[str, str] = field(default_factory=dict)  # old flag name -> field, hidden
 
     def add_to(self, subparsers) -> argparse.ArgumentParser:
