@@ -29,7 +29,7 @@ demo: venv
 # Everything: unit tests and the real-model (slow) checks; CI runs this.
 test: venv
 	$(VENV)/bin/ruff check dcoco tests scripts
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 # The unit tests only, without the real-model (slow) checks: well under 3 minutes.
 test-fast: venv
@@ -103,7 +103,7 @@ venv-vllm: $(VLLM_STAMP)
 
 # One vLLM engine at a time, one OpenMP thread, eager mode, a tiny KV cache (see tests/test_vllm.py).
 test-vllm: venv-vllm
-	$(VLLM_PY) -m pytest -q -m vllm tests/test_vllm.py tests/test_vllm_serve.py tests/test_vllm_datagen.py tests/test_vllm_export.py \
+	$(VLLM_PY) -m pytest -q --durations=10 -m vllm tests/test_vllm.py tests/test_vllm_serve.py tests/test_vllm_datagen.py tests/test_vllm_export.py \
 		tests/test_vllm_schedule.py tests/test_vllm_live_schedule.py tests/test_vllm_rejection_sampling.py tests/test_vllm_cpu_fixes.py \
 		tests/test_vllm_draft_vocab.py tests/test_vllm_draft_sampling.py
 

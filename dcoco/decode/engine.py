@@ -83,6 +83,7 @@ class Engine:
         stats.prefill_s = _elapsed(started, device)
 
         while finish is None:
+            cycle_started = time.perf_counter()  # auto forecasts whole cycles (cycle_meter)
             # 2. propose: at most as many drafts as the budget and the context can still take.
             max_slots = min(budget - len(new_ids) - 1, target.max_context - tokens.shape[0])
             mode = self._context_mode(tokens, sampling)
@@ -110,10 +111,12 @@ class Engine:
             accepted = int(verdict.num_accepted[0])
             crop_cache(cache, tokens.shape[0] + accepted)
             committed = torch.cat([proposal.draft_tokens[0, :accepted], verdict.next_token])
-            self._record_cycle(stats, proposal.num_slots, accepted, propose_s, verify_s, mode)
             finish = self._commit_tokens(committed.tolist(), new_ids, budget, on_tokens)
             tokens = torch.cat([tokens, committed])
             new_features = _pending_features(skipped_features, out.features, accepted)
+            cycle_s = _elapsed(cycle_started, device) - proposal.setup_s
+            timed = (propose_s, verify_s, cycle_s)
+            self._record_cycle(stats, proposal.num_slots, accepted, timed, mode)
 
         stats.new_tokens = len(new_ids)
         stats.total_s = _elapsed(started, device) - stats.setup_s
@@ -141,10 +144,12 @@ class Engine:
             )
         return proposal
 
-    def _record_cycle(self, stats, proposed: int, accepted: int, propose_s, verify_s, mode):
+    def _record_cycle(self, stats, proposed: int, accepted: int, timed, mode) -> None:
+        """`timed`: the seconds of the proposer's pass, the verify forward, the whole cycle."""
         stats.record_cycle(proposed, accepted)
         if self.draft_length:
-            self.draft_length.observe(proposed, accepted, propose_s, mode, verify_s)
+            propose_s, verify_s, cycle_s = timed
+            self.draft_length.observe(proposed, accepted, propose_s, mode, verify_s, cycle_s)
 
     def _commit_tokens(self, ids, new_ids, budget, on_tokens) -> str | None:
         """Append `ids` to the output, stopping at a stop id or the budget; returns why it ended."""

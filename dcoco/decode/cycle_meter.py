@@ -1,0 +1,103 @@
+"""Whole decode cycles as they run: what they cost and yield, for `--num-draft-tokens auto`.
+
+The draft-length policy (dcoco.decode.draft_length) forecasts a cycle from its parts: the target's
+cached cost curve (scaled by the verify forwards timed now), the proposer's timed pass and the
+per-slot acceptance. A cycle also pays for what lies between them: sampling, the accept/reject
+walk, the cache crop, the commit, the context-mode lookup, Python. On an Intel AMX Xeon the forecast
+for `dflash` ran 50% high (122.7 tokens/s against 80.7 measured in the demo, issue 69), and auto
+kept drafting at 0.95x plain. So the engine times every whole cycle, and:
+- `overhead`: the time outside verify and draft, a running average for drafting and plain cycles
+  apart, enters every forecast (the same code the engine runs, Python included);
+- `RateMeter`: tokens per ms of whole cycles, plain ones (k = 0) and a mode's drafting ones, so a
+  mode whose drafting cycles measure below plain's stops drafting (explorations re-measure it);
+- `Ledger`: the tokens and ms forecast for the cycles that ran against what they gave, printed by
+  `dcoco compare` (the demo) beside the measured speed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RATE_DECAY = 0.9  # a rate meter's weight on its past (about the last 10 cycles count)
+GUARD_CYCLES = 4  # timed cycles each side needs before measured drafting and plain are compared
+GUARD_MARGIN = 0.97  # drafting stops where it measures below this share of plain's rate
+
+
+@dataclass
+class RateMeter:
+    """Tokens and milliseconds of whole cycles, both decayed by RATE_DECAY."""
+
+    tokens: float = 0.0
+    ms: float = 0.0
+    cycles: int = 0
+
+    def add(self, tokens: int, ms: float) -> None:
+        self.tokens = RATE_DECAY * self.tokens + tokens
+        self.ms = RATE_DECAY * self.ms + ms
+        self.cycles += 1
+
+    @property
+    def rate(self) -> float:
+        """Tokens per ms (0 before any cycle)."""
+        return self.tokens / self.ms if self.ms > 0 else 0.0
+
+    @property
+    def measured(self) -> bool:
+        return self.cycles >= GUARD_CYCLES
+
+
+@dataclass
+class Overhead:
+    """Milliseconds a cycle spends outside its verify forward and its proposer's pass, a running
+    average for drafting cycles and plain ones apart (0 until one was timed)."""
+
+    drafting_ms: float = 0.0
+    plain_ms: float = 0.0
+    drafting_cycles: int = 0
+    plain_cycles: int = 0
+
+    def add(self, drafting: bool, ms: float) -> None:
+        ms = max(ms, 0.0)
+        if drafting:
+            past = RATE_DECAY if self.drafting_cycles else 0.0
+            self.drafting_ms = past * self.drafting_ms + (1 - past) * ms
+            self.drafting_cycles += 1
+        else:
+            past = RATE_DECAY if self.plain_cycles else 0.0
+            self.plain_ms = past * self.plain_ms + (1 - past) * ms
+            self.plain_cycles += 1
+
+    def ms(self, drafting: bool) -> float:
+        """A cycle's overhead; a kind not timed yet borrows the other's."""
+        if drafting:
+            return self.drafting_ms if self.drafting_cycles else self.plain_ms
+        return self.plain_ms if self.plain_cycles else self.drafting_ms
+
+
+@dataclass
+class Ledger:
+    """Forecast against measured, summed over the cycles that ran."""
+
+    forecast_tokens: float = 0.0
+    forecast_ms: float = 0.0
+    tokens: int = 0
+    ms: float = 0.0
+    cycles: int = 0
+
+    def add(self, forecast: tuple[float, float], tokens: int, ms: float) -> None:
+        """One cycle: `forecast` (tokens, ms) made when its k was chosen, and what it gave."""
+        self.forecast_tokens += forecast[0]
+        self.forecast_ms += forecast[1]
+        self.tokens += tokens
+        self.ms += ms
+        self.cycles += 1
+
+    def describe(self) -> str:
+        if not self.cycles or self.ms <= 0 or self.forecast_ms <= 0:
+            return "no cycles timed"
+        forecast = 1000 * self.forecast_tokens / self.forecast_ms
+        measured = 1000 * self.tokens / self.ms
+        return (
+            f"forecast {forecast:.1f} tok/s, measured {measured:.1f} tok/s "
+            f"({measured / forecast:.2f}x the forecast, {self.cycles} cycles)"
+        )
