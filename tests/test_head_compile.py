@@ -68,6 +68,7 @@ def test_a_background_compile_answers_eagerly_then_runs_its_graphs():
         eager = select_draft(corrector, hidden[:, :2], logits[:, :2], anchors, None)
         assert torch.equal(first, eager)
         assert select.wait(timeout=900) and select.compiled
+        assert all(table._frozen for table in corrector._tables())  # built in the thread
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
         for batch, slots in ((1, 1), (7, 3), (2, 2)):
             hidden, logits, anchors = random_block(batch, seed=batch + slots)

@@ -147,3 +147,16 @@ def test_prepared_tables_are_not_built_again_by_the_first_draft():
     with torch.inference_mode():
         corrector.select(hidden, logits, anchors)
     assert built > 0 and len(builds) == built
+
+
+def test_a_deferred_table_projects_the_rows_asked_for_without_building():
+    # a served head's first steps, while another thread builds the tables (head_compile)
+    corrector = make_corrector(randomise=True, features="normalised", successor_query=True)
+    corrector.defer_tables()
+    hidden, logits, anchors = random_block(2, seed=10)
+    with torch.inference_mode():
+        deferred = corrector.select(hidden, logits, anchors)
+    assert all(table._table is None for table in corrector._tables())
+    corrector.prepare_inference(frozen=True)
+    with torch.inference_mode():
+        assert torch.equal(corrector.select(hidden, logits, anchors), deferred)

@@ -250,16 +250,24 @@ class Corrector(nn.Module):
         """Build the vocabulary tables now: built on first use, a decode loop would time their
         build (0.4 s in fp32 on a Zen 3) as part of its first draft. `frozen`: the weights and
         the embedding never change again, so the tables are never checked (VocabTable.freeze)."""
-        ids = torch.zeros(1, dtype=torch.long, device=self.delta_in.weight.device)
-        with torch.no_grad():
-            if self.token_proj is not None:
-                self._projected_embeds(ids)
-            if self.config.successor_query:
-                weights = (self.query_out.weight,)
-                self._successor_table.rows(ids, self._shared[0].weight, weights, self.dtype)
-        for name in ("_token_table", "_successor_table") if frozen else ():
-            if hasattr(self, name):
-                getattr(self, name).freeze()
+        embedding = self._shared[0].weight
+        if self.token_proj is not None:
+            self._token_table.build(embedding, (self.token_proj.weight,), self.dtype)
+        if self.config.successor_query:
+            self._successor_table.build(embedding, (self.query_out.weight,), self.dtype)
+        for table in self._tables() if frozen else ():
+            table.freeze()
+
+    def defer_tables(self) -> None:
+        """Until `prepare_inference(frozen=True)` has run (in another thread), project the
+        candidates' embeddings directly instead of building the tables on first use: a served
+        head's first steps do not wait for them (0.4 s in fp32, seconds in emulated bf16)."""
+        for table in self._tables():
+            table.deferred = True
+
+    def _tables(self) -> list[VocabTable]:
+        names = ("_token_table", "_successor_table")
+        return [getattr(self, name) for name in names if hasattr(self, name)]
 
     def _projected_embeds(self, ids: Tensor) -> Tensor:
         """token_proj(E[ids]) [..., mlp_hidden]; at inference a row gather from its table."""

@@ -21,14 +21,16 @@ one line on stderr.
 
 A server cannot wait for that: on a fresh 2-core machine the compiling took 155-390 s, and vLLM
 fails a step that runs past 300 s (HTTP 500 for every request in flight: CI, 2026-12-07). There
-it runs `in_background`: a thread compiles from copies of the first call's shapes, the eager call
-answers meanwhile, and calls switch to the compiled function once every graph is built. The thread
-enters the caller's grad and inference modes, which dynamo guards on: compiled under others, the
-first real call would compile again, in the serving thread.
+it runs `in_background`: a thread builds the head's vocabulary tables and compiles from copies of
+the first call's shapes, the eager call answers meanwhile (projecting its own candidates'
+embeddings, `defer_tables`), and calls switch to the compiled function once every graph is
+built. The thread enters the caller's grad and inference modes, which dynamo guards on: compiled
+under others, the first real call would compile again, in the serving thread.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -75,11 +77,14 @@ class HeadSelect:
         if self._call is not None or self._thread is not None:
             return
         block = _contiguous(hidden, logits, anchor_ids)
-        started = time.perf_counter()  # the frozen tables too are set-up (below)
-        self._freeze()  # before any eager call reads them
+        started = time.perf_counter()  # the frozen tables too are set-up
         if not self.in_background:
+            self._freeze()
             self._call = self._compiled(block, started)
             return
+        defer = getattr(self.head, "defer_tables", None)
+        if defer is not None:  # the thread builds them; eager calls project their own rows
+            defer()
         first = tuple(tensor[:1].clone() for tensor in block)  # the caller's buffers change
         modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
         self._thread = threading.Thread(target=self._compile_in_background,
@@ -103,7 +108,9 @@ class HeadSelect:
     def _compile_in_background(self, block: tuple[Tensor, ...], modes: tuple[bool, bool],
                                started: float) -> None:  # fmt: skip
         grad, inference = modes
+        _lowest_priority()  # the serving thread's steps first (it shares the worker's cores)
         with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+            self._freeze()
             self._call = self._compiled(block, started)
 
     def _eager(self, hidden: Tensor, logits: Tensor, anchor_ids: Tensor) -> Tensor:
@@ -112,7 +119,8 @@ class HeadSelect:
     def _freeze(self) -> None:
         prepare = getattr(self.head, "prepare_inference", None)
         if prepare is not None:  # after vLLM swapped the target's embedding in: tables are final
-            prepare(frozen=True)
+            with torch.no_grad():
+                prepare(frozen=True)
 
     def _compiled(self, block: tuple[Tensor, ...], started: float):
         """The compiled pick, warmed up for every slot count and batch size (`started`: when the
@@ -140,6 +148,15 @@ class HeadSelect:
         print(f"dcoco: draft head compiled for 1-{self.max_slots} slots in {seconds:.0f} s",
               file=sys.stderr)  # fmt: skip
         return compiled
+
+
+def _lowest_priority() -> None:
+    """This thread at nice 19 where the OS allows it (Linux: a thread has a nice value of its
+    own; elsewhere, or without permission, it keeps its priority)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):
+        pass
 
 
 def _contiguous(*tensors: Tensor) -> tuple[Tensor, ...]:

@@ -24,6 +24,9 @@ class VocabTable:
         self._key: tuple | None = None
         self._table: Tensor | None = None
         self._frozen = False
+        # until frozen, project the rows asked for instead of building the table (a server's
+        # first steps, while another thread builds it: dcoco.models.heads.head_compile)
+        self.deferred = False
 
     def freeze(self) -> None:
         """Serve the table as built, its key no longer checked: for a head whose weights never
@@ -38,18 +41,25 @@ class VocabTable:
         tensors `project` reads, whose identity and version key the table."""
         if self._frozen:
             return self._table[ids]
+        if self.deferred:
+            return self._project(embedding[ids].to(dtype))
+        self.build(embedding, sources, dtype)
+        return self._table[ids]
+
+    def build(self, embedding: Tensor, sources: tuple[Tensor, ...], dtype) -> None:
+        """Make the table now, unless the one there was made from these very tensors."""
         key = (dtype,) + tuple(
             (tensor.data_ptr(), tensor._version, tensor.dtype, tensor.device)
             for tensor in (embedding, *sources)
         )
-        if key != self._key:
-            self._table = None  # free the old table before building the new one
-            with torch.no_grad():
-                self._table = torch.cat(
-                    [
-                        self._project(embedding[start : start + CHUNK_ROWS].to(dtype))
-                        for start in range(0, embedding.shape[0], CHUNK_ROWS)
-                    ]
-                )
-            self._key = key
-        return self._table[ids]
+        if key == self._key:
+            return
+        self._table = None  # free the old table before building the new one
+        with torch.no_grad():
+            self._table = torch.cat(
+                [
+                    self._project(embedding[start : start + CHUNK_ROWS].to(dtype))
+                    for start in range(0, embedding.shape[0], CHUNK_ROWS)
+                ]
+            )
+        self._key = key
