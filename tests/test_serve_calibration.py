@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from dcoco.serving import auto_schedule, layout, serve
+from dcoco.serving import auto_schedule, layout, probe_progress, serve
 from dcoco.serving.serve import UNCALIBRATED_SCHEDULE, ServeConfig
 from dcoco.serving.vllm.settings import SETTINGS_ENV
 from tests.test_draft_schedule import _summary
@@ -83,7 +83,7 @@ def test_an_uncalibrated_server_starts_on_defaults_and_says_how_to_calibrate(
 def test_the_probes_progress_is_relayed_with_the_time_left(tmp_path, capsys):
     log = tmp_path / "probe.log"
     log.write_text("vLLM starting\n")
-    written = [f"{auto_schedule.PROGRESS}0 400\n", f"{auto_schedule.PROGRESS}100 400\n"]
+    written = [f"{probe_progress.PROGRESS}0 400\n", f"{probe_progress.PROGRESS}100 400\n"]
 
     class Probe:  # exits after its log has grown by two progress lines
         def poll(self):
@@ -94,7 +94,7 @@ def test_the_probes_progress_is_relayed_with_the_time_left(tmp_path, capsys):
                 return None
             return 0
 
-    assert auto_schedule._follow(Probe(), log, every_s=0.0, minute_s=0.0) == 0
+    assert probe_progress.follow(Probe(), log, every_s=0.0, minute_s=0.0) == 0
     lines = capsys.readouterr().err.splitlines()
     assert lines[0].startswith("dcoco: draft-schedule probe: 0% timed")
     assert "25% timed" in lines[-1] and "min left" in lines[-1]

@@ -10,14 +10,13 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from dcoco.errors import DcocoError
 from dcoco.models.heads.head_io import head_kind_of
 from dcoco.paths import cache_dir
 from dcoco.serving.draft_schedule import OPEN_END, parse_pair
-from dcoco.serving.layout import time_left
+from dcoco.serving.probe_progress import follow
 from dcoco.serving.schedule_choice import schedule_from
 
 # the draft lengths timed (and the drafter's longest); the ones between are interpolated
@@ -34,7 +33,6 @@ PROBE_PASSES = 2  # every cell timed this often, the passes in mirrored order, i
 # to their end, CALIBRATION_BATCH in flight, until they have produced CALIBRATION_MIN_TOKENS.
 CALIBRATION_TOKENS, CALIBRATION_BATCH, CALIBRATION_MIN_TOKENS = 128, 4, 2048
 PROBE_VERSION = 12  # bump when the probe measures differently: cached schedules are redone
-PROGRESS = "dcoco: probe progress "  # the probe's log line "... DONE TOTAL" (tokens timed)
 
 
 def for_server(
@@ -169,38 +167,8 @@ def _run_probe(python: str, request: dict, threads: int) -> dict:
                 stdout=sink,
                 stderr=sink,
             )
-            code = _follow(probe, log)
+            code = follow(probe, log)
         if code != 0 or not summary_file.is_file():
             tail = log.read_text(errors="replace")[-2000:]
             raise DcocoError(f"the draft-schedule probe failed (log {log}):\n{tail}")
         return json.loads(summary_file.read_text())
-
-
-def _follow(probe: subprocess.Popen, log: Path, every_s: float = 5.0,
-            minute_s: float = 60.0) -> int:  # fmt: skip
-    """Wait for the probe; its exit code. From the probe's first PROGRESS line in its log (the
-    engine up, acceptance measured), a line every `minute_s` with the share of the timed cells'
-    tokens done and an estimate of the time left."""
-    begun = time.perf_counter()
-    started, told, seen, progress = 0.0, 0.0, 0, (0, 0)
-    while (code := probe.poll()) is None:
-        time.sleep(every_s)
-        lines = log.read_text(errors="replace").splitlines()
-        for line in lines[seen:]:
-            if line.startswith(PROGRESS):
-                done, total = map(int, line[len(PROGRESS) :].split()[:2])
-                progress, started = (done, total), started or time.perf_counter()
-        seen = len(lines)
-        if time.perf_counter() - max(told, begun) >= minute_s:
-            told = time.perf_counter()
-            print(_progress_line(progress, started, begun), file=sys.stderr)
-    return code
-
-
-def _progress_line(progress: tuple[int, int], started: float, begun: float) -> str:
-    done, total = progress
-    elapsed = f"{(time.perf_counter() - begun) / 60:.0f} min in"
-    if not total:
-        return f"dcoco: draft-schedule probe: engine start and acceptance ({elapsed})"
-    left = time_left(started, done, total) if done else ""
-    return f"dcoco: draft-schedule probe: {100 * done // total}% timed ({elapsed}{left})"

@@ -50,7 +50,7 @@ import sys
 import time
 from pathlib import Path
 
-from dcoco.serving.auto_schedule import PROGRESS
+from dcoco.serving.probe_progress import ProbeProgress
 from dcoco.serving.probe_prompts import PROMPTS
 from dcoco.serving.vllm.engine_queue import queue_rate, spec_counts
 from dcoco.serving.vllm.no_draft import set_runner_schedule
@@ -87,7 +87,7 @@ def measure(request: dict) -> dict:
                 }
         groups = {t: [(k, True) for k in ks] + [(k, False) for k in ks if k > 0 and head]
                   for t, ks in lengths.items()}  # fmt: skip
-        progress = _Progress(sum(_work(request, t, len(v)) for t, v in groups.items()))
+        progress = ProbeProgress(sum(_work(request, t, len(v)) for t, v in groups.items()))
         for t, variants in groups.items():
             timed = _time_cells(llm, request, prompts, t, variants, progress)
             for (k, head_on), cell in timed:
@@ -201,19 +201,6 @@ def cell_order(batches: list[int], labels: list, passes: int = 1) -> list[tuple[
         for label in (labels if n % 2 == 0 else labels[::-1])
     ]
     return [cell for n in range(passes) for cell in (one_pass if n % 2 == 0 else one_pass[::-1])]
-
-
-class _Progress:
-    """Prints PROGRESS lines (tokens timed so far, of all cells'), which dcoco serve relays with
-    an estimate of the time left."""
-
-    def __init__(self, total: int):
-        self.total, self.done = total, 0
-        self.add(0)
-
-    def add(self, tokens: int) -> None:
-        self.done += tokens
-        print(f"{PROGRESS}{self.done} {self.total}", file=sys.stderr, flush=True)
 
 
 def _batches(request: dict, temperature: str) -> list[int]:
