@@ -16,7 +16,7 @@ kept drafting at 0.95x plain. So the engine times every whole cycle, and:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 RATE_DECAY = 0.9  # a rate meter's weight on its past (about the last 10 cycles count)
 GUARD_CYCLES = 4  # timed cycles each side needs before measured drafting and plain are compared
@@ -49,29 +49,19 @@ class RateMeter:
 @dataclass
 class Overhead:
     """Milliseconds a cycle spends outside its verify forward and its proposer's pass, a running
-    average for drafting cycles and plain ones apart (0 until one was timed)."""
+    average for drafting cycles and plain ones apart (keyed by `drafting`; 0 until timed)."""
 
-    drafting_ms: float = 0.0
-    plain_ms: float = 0.0
-    drafting_cycles: int = 0
-    plain_cycles: int = 0
+    mean_ms: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
+    cycles: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
 
     def add(self, drafting: bool, ms: float) -> None:
-        ms = max(ms, 0.0)
-        if drafting:
-            past = RATE_DECAY if self.drafting_cycles else 0.0
-            self.drafting_ms = past * self.drafting_ms + (1 - past) * ms
-            self.drafting_cycles += 1
-        else:
-            past = RATE_DECAY if self.plain_cycles else 0.0
-            self.plain_ms = past * self.plain_ms + (1 - past) * ms
-            self.plain_cycles += 1
+        past = RATE_DECAY if self.cycles[drafting] else 0.0
+        self.mean_ms[drafting] = past * self.mean_ms[drafting] + (1 - past) * max(ms, 0.0)
+        self.cycles[drafting] += 1
 
     def ms(self, drafting: bool) -> float:
         """A cycle's overhead; a kind not timed yet borrows the other's."""
-        if drafting:
-            return self.drafting_ms if self.drafting_cycles else self.plain_ms
-        return self.plain_ms if self.plain_cycles else self.drafting_ms
+        return self.mean_ms[drafting if self.cycles[drafting] else not drafting]
 
 
 @dataclass

@@ -201,7 +201,7 @@ class DraftLengthPolicy:
         once the guard has stopped drafting, plain cycles are measured)."""
         if self.plain.measured:
             return self.plain.rate
-        overhead = self.overhead if self.overhead.plain_cycles else None
+        overhead = self.overhead if self.overhead.cycles[False] else None
         tokens, ms = cycle_forecast([], self.curve, 0.0, 0, self.curve_scale, overhead)
         return tokens / ms
 
