@@ -4,6 +4,7 @@ compiling fails, and our engine's `dcoco` drafting with it as with the eager cal
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -13,6 +14,7 @@ from dcoco.decode.engine import Engine
 from dcoco.decode.head_proposer import HeadProposer
 from dcoco.models.heads.base import select_draft
 from dcoco.models.heads.corrector import Corrector, CorrectorConfig
+from dcoco.models.heads import head_compile
 from dcoco.models.heads.head_compile import HeadSelect
 from tests.test_corrector_options import make_corrector, random_block
 from tests.test_draft_vocab import RecordingProposer, make_drafter, vocab_ids
@@ -55,18 +57,23 @@ def test_compiled_picks_are_the_eager_ones_without_recompiling(monkeypatch):
     assert len(compiles) == 1 and select.compiled
 
 
-def test_a_background_compile_answers_eagerly_then_runs_its_graphs():
+def test_a_background_compile_answers_eagerly_then_runs_its_graphs(monkeypatch):
     # a server's head: the first call starts the thread and is answered at once by the eager
     # pick; once the thread is done, calls from this thread (inference mode, as vLLM's) run its
-    # graphs without compiling again
+    # graphs without compiling again. The thread waits at a gate until the first call has been
+    # answered: with the graphs already in dynamo's cache (an earlier test compiled the same
+    # code), it would otherwise finish within that call (CI, 2026-12-07)
+    gate = threading.Event()
+    monkeypatch.setattr(head_compile, "_lowest_priority", lambda: gate.wait(timeout=60))
     corrector = _corrector()
     select = HeadSelect(corrector, None, None, MAX_SLOTS, in_background=True)
     with torch.inference_mode():
         hidden, logits, anchors = random_block(5, seed=3)
         first = select(hidden[:, :2], logits[:, :2], anchors)
-        assert not select.compiled  # six graphs take seconds, this call took milliseconds
+        assert not select.compiled and not select.wait(timeout=0)  # eager, the thread waits
         eager = select_draft(corrector, hidden[:, :2], logits[:, :2], anchors, None)
         assert torch.equal(first, eager)
+        gate.set()
         assert select.wait(timeout=900) and select.compiled
         assert all(table._frozen for table in corrector._tables())  # built in the thread
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
