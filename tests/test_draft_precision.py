@@ -1,5 +1,6 @@
-"""The drafter's precision (dcoco.decode.draft_precision): `auto` runs it in fp32 beside a bf16
-target on a CPU that emulates bf16, with an LM head copy of its own; output stays plain's."""
+"""The drafter's precision (dcoco.decode.draft_precision): `auto` runs it on int4 groups over int8
+rows (w4a8) where that kernel builds, else in fp32 beside a bf16 target on a CPU that emulates
+bf16, with an LM head copy of its own; output stays plain's."""
 
 from __future__ import annotations
 
@@ -25,8 +26,21 @@ def bf16_target():
     return target
 
 
-def emulating(monkeypatch, emulated: bool) -> None:
+def emulating(monkeypatch, emulated: bool, int8_rows: bool = False) -> None:
+    """A CPU that emulates bf16 or not, with or without the w4a8 kernel built."""
     monkeypatch.setattr(draft_precision, "native_bf16", lambda: not emulated)
+    monkeypatch.setattr(draft_precision, "int4_dot_available", lambda: int8_rows)
+
+
+def test_auto_is_w4a8_on_an_emulating_cpu_where_the_kernel_builds(monkeypatch):
+    target = bf16_target()
+    emulating(monkeypatch, True, int8_rows=True)
+    assert draft_precision.draft_setting("auto", target) == "w4a8"
+    assert draft_precision.draft_dtype("auto", target) == torch.bfloat16  # the products' rows
+    emulating(monkeypatch, False, int8_rows=True)
+    assert draft_precision.draft_setting("auto", target) == "w4a8"
+    monkeypatch.setattr(draft_precision, "amx_bf16", lambda: True)
+    assert draft_precision.draft_setting("auto", target) == "target"  # tiles multiply bf16
 
 
 def test_auto_is_fp32_only_beside_half_precision_on_an_emulating_cpu(monkeypatch):

@@ -95,7 +95,7 @@ def test_auto_weighs_the_fp32_head_only_for_half_precision_on_an_emulating_cpu(m
     ]
     monkeypatch.setattr(head_precision, "native_bf16", lambda: True)
     assert list(auto_precision._settings(DecodeConfig())) == ["bf16", "gguf", "fp32"]
-    monkeypatch.setattr(auto_precision, "int4_dot_available", lambda: True)  # AVX-512 VNNI
+    monkeypatch.setattr(auto_precision, "int4_dot_available", lambda: True)  # AVX-512 VNNI or AVX2
     assert list(auto_precision._settings(DecodeConfig())) == ["bf16", "gguf", "gguf-a8", "fp32"]
     # nothing left to weigh: no measurement, the target's head
     cpu = DecodeConfig(dtype="gguf", device="cpu")

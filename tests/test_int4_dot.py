@@ -4,12 +4,16 @@ alone, and the layer keeps torch's int4 kernel where the kernel does not serve."
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from dcoco.models.cpu.cpu_info import cpu_info
-from dcoco.models.cpu.cpu_kernels import kernels
+from dcoco.models.cpu.cpu_kernels import ARCH, kernels
 from dcoco.models.target import int4_dot
 from dcoco.models.target.gguf_weights import GROUP, Int4GroupLinear, dequantise
 from dcoco.models.target.int4_dot import (
@@ -17,13 +21,14 @@ from dcoco.models.target.int4_dot import (
     Int4DotLinear,
     all_w4a8,
     int4_dot_available,
+    int4_dot_isa,
     pack,
     w4a8_linear,
 )
 from dcoco.models.target.int4_groups import quantise_int4
 from dcoco.models.target.layer_loop import rotate
 
-needs_kernel = pytest.mark.skipif(not int4_dot_available(), reason="no AVX-512 VNNI build here")
+needs_kernel = pytest.mark.skipif(not int4_dot_available(), reason="no int4_dot build here")
 
 
 def layer_weights(out_features: int, in_features: int, seed: int = 0):
@@ -151,8 +156,29 @@ def test_prefills_take_the_dequantised_copy():
     assert layer.weight_int4 is None  # no copy for torch's kernel
 
 
-def test_a_vnni_machine_builds_the_kernel():
-    flags = cpu_info().flags
-    if kernels() is None or not {"avx512_vnni", "avx512bw"} <= flags:
-        pytest.skip("the fused kernels did not build, or this CPU has no AVX-512 VNNI")
-    assert int4_dot_available()
+def test_the_kernel_builds_on_the_cpus_own_instructions():
+    if kernels() is None:
+        pytest.skip("the fused kernels did not build here")
+    flags, march = cpu_info().flags, os.environ.get(ARCH, "native")
+    if march == "native" and {"avx512_vnni", "avx512bw"} <= flags:
+        assert int4_dot_isa() == "avx512-vnni"
+    elif {"avx2", "fma", "f16c"} <= flags:  # AVX2 machines, and -march=haswell on any
+        assert int4_dot_isa() == "avx2"
+
+
+@pytest.mark.slow
+def test_the_avx2_build_passes_these_tests():
+    """On a machine with AVX-512, the AVX2 kernel (int4_dot_avx2.h, AMD Zen 3's) built with
+    -march=haswell (its own build directory, about a minute) runs this file's tests."""
+    if not {"avx512_vnni", "avx2", "fma", "f16c"} <= cpu_info().flags or kernels() is None:
+        pytest.skip("an AVX2 machine runs this file on the AVX2 kernel itself")
+    if os.environ.get(ARCH, "native") != "native":
+        pytest.skip("this run is the AVX2 build's")
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-rs"],
+        env={**os.environ, ARCH: "haswell"}, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    summary = run.stdout.strip().splitlines()[-1]
+    assert " passed" in summary and "failed" not in summary, summary
+    assert "no int4_dot build" not in run.stdout  # every kernel test ran

@@ -6,8 +6,11 @@ A drafter shares the target's embedding and LM head and by default runs in the t
 a CPU without native bf16 (AVX2 only) every bf16 product is emulated: the drafter's pass, most of
 it the 49,152-row head over the drafted slots, took 12-33 ms at bf16 against 10-12 ms at fp32
 with oneDNN's prepacked weights (`dcoco profile`, 1-7 slots, Zen 3, 2 cores), beside a 34 ms gguf
-step. So `auto` runs the drafter, its draft head and a private fp32 copy of the LM head (113 MB
-for SmolLM2) in fp32 there.
+step. Its int4 groups over int8 rows (w4a8, below) need no bf16 products: in AVX2 (int4_dot_avx2.h)
+a draft of 1-7 slots took 1.2-2.2 ms against fp32's 4.3-5.6 ms (2.5-3.6x; a Zen 4 EPYC with
+torch, oneDNN and the kernels held to AVX2, `scripts/reproduce/w4a8_cost.py --draft-baseline
+fp32`, docs/lab/results.md). So `auto` is w4a8 there where the kernel builds, else the drafter, its
+draft head and a private fp32 copy of the LM head (113 MB for SmolLM2) run in fp32.
 
 On a CPU with native bf16 but no AMX (AVX-512 bf16: AMD Zen 4) the pass streams its weights faster
 as int4 groups (dcoco.models.target.int4_groups) on the CPU's int4 kernel: 2-core EPYC, SmolLM2's
@@ -73,6 +76,8 @@ def draft_setting(name: str, target: TargetModel) -> str:
     if target.device.type != "cpu" or target.dtype not in HALF:
         return "target"
     if not native_bf16():
+        if int4_dot_available():
+            return "w4a8"
         return "fp32" if isinstance(target.lm_head, PLAIN_HEADS) else "target"
     if amx_bf16():
         return "target"

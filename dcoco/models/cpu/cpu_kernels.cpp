@@ -239,6 +239,7 @@ torch::Tensor copy_bonus(const torch::Tensor& logits, const torch::Tensor& bonus
 
 // int4_dot.cpp, built into the same module
 bool int4_dot_available();
+std::string int4_dot_isa();
 torch::Tensor int4_dot(const torch::Tensor& x, const torch::Tensor& weights,
                        const torch::Tensor& scales, const torch::Tensor& zeros);
 
@@ -264,7 +265,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("row_argmax", &row_argmax, "argmax of fp32 or bf16 rows, as torch.argmax");
   m.def("copy_bonus", &copy_bonus, "fp32 logits with the copy gate's bonus at each row's hint");
   m.def("rotate", &rotate, "rotary embedding of bf16 heads, optionally RMS-normed first");
-  m.def("int4_dot_available", &int4_dot_available, "whether int4_dot was built (AVX-512 VNNI)");
+  m.def("int4_dot_available", &int4_dot_available, "whether int4_dot was built (AVX-512 VNNI, AVX2)");
+  m.def("int4_dot_isa", &int4_dot_isa, "the instructions int4_dot was built on");
   m.def("int4_dot", &int4_dot, "rows times 4-bit codes, the rows rounded to int8 per 32 inputs");
   m.def("w4a8_qkv", &w4a8_qkv, "a drafter layer's q|k|v heads on int4_dot, normed and rotated");
   m.def("w4a8_mlp", &w4a8_mlp, "a drafter layer's MLP on int4_dot products, with its norm");

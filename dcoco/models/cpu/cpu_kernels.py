@@ -5,8 +5,8 @@ rotary, their dtype casts) as in its products: an RMSNorm of one row is 10 opera
 same arithmetic in one C++ call a few µs. This module compiles cpu_kernels.cpp (RMSNorm, rotary with
 an optional per-head norm first, and a row argmax equal to torch.argmax), with int4_dot.cpp and
 w4a8_layer.cpp (dcoco.models.target.int4_dot) and draft_attention.cpp (the drafter's attention),
-once per machine (-march=native, OpenMP) with torch's extension builder into
-$DCOCO_CACHE_DIR/cpu-kernels/, and serves them for CPU tensors outside autograd. Where it cannot
+once per machine (-march=native unless DCOCO_CPU_ARCH names another, OpenMP) with torch's
+extension builder into $DCOCO_CACHE_DIR/cpu-kernels/, and serves them for CPU tensors outside autograd. Where it cannot
 build (no C++ compiler, no ninja) or DCOCO_CPU_KERNELS=off, callers keep PyTorch's operators, after
 one line on stderr.
 
@@ -33,10 +33,17 @@ from dcoco.paths import cache_dir
 
 KERNEL_FILES = ("cpu_kernels.cpp", "int4_dot.cpp", "w4a8_layer.cpp", "draft_attention.cpp")
 SOURCES = [Path(__file__).with_name(name) for name in KERNEL_FILES]
-HEADERS = [Path(__file__).with_name("vector_math.h")]  # included by the sources: in the digest
-# -fopenmp: at::parallel_for is inline OpenMP, one thread without it (torch's own backend)
-FLAGS = ["-O3", "-march=native", "-fopenmp"]
+# included by the sources: in the digest
+HEADERS = [Path(__file__).with_name(name) for name in ("vector_math.h", "int4_dot_avx2.h")]
 SWITCH = "DCOCO_CPU_KERNELS"  # `off`: PyTorch's operators only
+# the -march the kernels are built for: this CPU's own (`native`) unless set, e.g. `haswell` to
+# build and test the AVX2 paths (no AVX-512) on a machine that has AVX-512
+ARCH = "DCOCO_CPU_ARCH"
+
+
+def _flags() -> list[str]:
+    """-fopenmp: at::parallel_for is inline OpenMP, one thread without it (torch's own backend)."""
+    return ["-O3", f"-march={os.environ.get(ARCH, 'native')}", "-fopenmp"]
 
 
 @functools.cache
@@ -57,7 +64,7 @@ def kernels() -> ModuleType | None:
             print("dcoco: building the fused CPU kernels (once per machine, about 30 s)",
                   file=sys.stderr)  # fmt: skip
         return load(f"dcoco_cpu_kernels_{digest}", [str(source) for source in SOURCES],
-                    extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], build_directory=str(build),
+                    extra_cflags=_flags(), extra_ldflags=["-fopenmp"], build_directory=str(build),
                     verbose=False)  # fmt: skip
     except Exception as error:  # noqa: BLE001 - any build failure means: keep the operators
         reason = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
@@ -74,7 +81,7 @@ def kernels_state() -> str:
 
 def _build_key() -> bytes:
     """What a build depends on beside the sources: torch, the flags, this CPU (-march=native)."""
-    return f"{torch.__version__} {FLAGS} {sorted(cpu_info().flags)}".encode()
+    return f"{torch.__version__} {_flags()} {sorted(cpu_info().flags)}".encode()
 
 
 def takes(x: Tensor) -> bool:

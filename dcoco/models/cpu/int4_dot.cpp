@@ -9,8 +9,9 @@
 // Weights arrive packed by output blocks of 16 ([out / 16, in / 8, 16, 4] bytes): lane n's four
 // bytes hold inputs k..k+3 in the low nibbles and k+4..k+7 in the high ones, so one 64-byte load
 // is 128 weights and each vpdpbusd takes four inputs of one row broadcast to all 16 lanes. The
-// weights are unpacked once per block for every row (up to 8 rows per pass). Each row's sums run
-// in the same order whatever the number of rows, so a row's result does not depend on its batch.
+// weights are unpacked once per block for every row (up to 8 rows per pass; 4 in AVX2 without
+// VNNI, int4_dot_avx2.h). Each row's sums run in the same order whatever the number of rows, so a
+// row's result does not depend on its batch.
 
 #include <torch/extension.h>
 
@@ -20,23 +21,30 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "vector_math.h"
 
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
 #if defined(DCOCO_VECTOR_MATH) && defined(__AVX512VNNI__)
 #define DCOCO_INT4_DOT 1
+#define DCOCO_INT4_DOT_ISA "avx512-vnni"
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define DCOCO_INT4_DOT_AVX2 1  // int4_dot_avx2.h: the same products in 256-bit registers
 #endif
 
 namespace {
 
 constexpr int64_t GROUP = 32;
 constexpr int64_t LANES = 16;
-constexpr int ROWS_PER_PASS = 8;  // rows sharing one unpacking of a weight block
 
-#ifdef DCOCO_INT4_DOT
+#if defined(DCOCO_INT4_DOT) || defined(DCOCO_INT4_DOT_AVX2)
 // Rows rounded to int8 per group: codes [rows, in]; per [rows, groups] the scale a, the fp32 sum
 // of the inputs and 8·Σ xq (Σ (q - 8)·xq = Σ q·xq - 8·Σ xq).
 struct QuantisedRows {
@@ -44,6 +52,12 @@ struct QuantisedRows {
   std::vector<float> scale, sum;
   std::vector<int32_t> eights;
 };
+#endif
+
+#ifdef DCOCO_INT4_DOT_AVX2
+#include "int4_dot_avx2.h"
+#elif defined(DCOCO_INT4_DOT)
+constexpr int ROWS_PER_PASS = 8;  // rows sharing one unpacking of a weight block
 
 // 32 inputs of a row as fp32, from bf16 (its bits shifted up) or fp32.
 template <typename T>
@@ -142,7 +156,9 @@ void block_rows(const uint8_t* weights, const at::Half* scales, const at::Half* 
 #endif
   }
 }
+#endif
 
+#ifdef DCOCO_INT4_DOT
 using BlockRows = void (*)(const uint8_t*, const at::Half*, const at::Half*, const QuantisedRows&,
                            int64_t, int64_t, c10::BFloat16*, int64_t);
 
@@ -163,12 +179,21 @@ bool int4_dot_available() {
 #endif
 }
 
+// The instructions int4_dot was built on: "avx512-vnni", "avx2", or "" where it was not built.
+std::string int4_dot_isa() {
+#ifdef DCOCO_INT4_DOT
+  return DCOCO_INT4_DOT_ISA;
+#else
+  return "";
+#endif
+}
+
 // x [rows, in] (bf16 or fp32, contiguous); weights [out / 16, in / 8, 16, 4] uint8; scales,
 // zeros [out / 16, in / 32, 16] fp16 (w = (q - 8)·scale + zero) -> [rows, out] bf16. 20 bytes
 // per 32 weights, as many as torch's int4 layers read, so a product streams from memory as fast.
 torch::Tensor int4_dot(const torch::Tensor& x, const torch::Tensor& weights,
                        const torch::Tensor& scales, const torch::Tensor& zeros) {
-  TORCH_CHECK(int4_dot_available(), "int4_dot needs AVX-512 VNNI");
+  TORCH_CHECK(int4_dot_available(), "int4_dot needs AVX-512 VNNI or AVX2");
   TORCH_CHECK(x.dim() == 2 && x.size(1) % GROUP == 0 && x.is_contiguous(),
               "x [rows, in] contiguous, in divisible by 32");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat,

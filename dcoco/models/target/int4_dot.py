@@ -5,7 +5,8 @@ torch's CPU int4 kernel turns each 4-bit weight into fp32 and multiplies it by e
 on a 2-core Zen 4 EPYC the drafter's 16,000-row int4 head took 257 µs for one row, compute-bound,
 and the kernel pays per block of 4 rows, so a draft of 5-7 slots cost half again one of 4.
 llama.cpp instead rounds the activations to int8 per 32 inputs and sums byte products in int32,
-64 a VNNI instruction. int4_dot.cpp does that for up to 8 rows at a time, on the same codes, scales
+64 a VNNI instruction. int4_dot.cpp does that for up to 8 rows at a time (AVX-512 VNNI; in AVX2,
+int4_dot_avx2.h, 4 rows and two instructions for one: the same sums), on the same codes, scales
 and zeros as an Int4GroupLinear (the weights are the same; only the rows are rounded: x ≈ a·xq
 with a = max|x| / 127 per 32 inputs, and Σ x kept exact for the zero points).
 
@@ -13,9 +14,9 @@ For a drafter, rounding its activations changes which tokens are proposed, never
 did not move, docs/lab/results.md). For the target it is another precision, as llama.cpp's own
 arithmetic is: each row is rounded and summed alone, so a verify's rows equal the steps they
 replace and greedy output equals plain decoding's at gguf-a8. Prefills (more than 16 rows) take
-the dequantised copy, as at gguf. It needs AVX-512 VNNI (Zen 4, Xeons since Cascade Lake) and
-the fused kernels built; where it is missing `auto` keeps int4 and gguf, and naming w4a8 or
-gguf-a8 fails with one line.
+the dequantised copy, as at gguf. It needs AVX-512 VNNI (Zen 4, Xeons since Cascade Lake) or
+AVX2 with FMA and F16C (Zen 3, Haswell on), and the fused kernels built; where it is missing
+`auto` keeps int4 and gguf, and naming w4a8 or gguf-a8 fails with one line.
 """
 
 from __future__ import annotations
@@ -35,15 +36,22 @@ MAX_ROWS = MAX_ROWWISE_QUERIES  # steps, verifies, drafts; prefills take the int
 
 
 def int4_dot_available() -> bool:
-    """Whether the int8-activation kernel was built here (AVX-512 VNNI and a compiler)."""
+    """Whether the int8-activation kernel was built here (AVX-512 VNNI or AVX2, and a
+    compiler)."""
     built = cpu_kernels.kernels()
     return built is not None and built.int4_dot_available()
+
+
+def int4_dot_isa() -> str:
+    """The instructions the kernel runs on here: `avx512-vnni`, `avx2`, or `` (not built)."""
+    built = cpu_kernels.kernels()
+    return built.int4_dot_isa() if built is not None else ""
 
 
 def require_int4_dot(setting: str, instead: str) -> None:
     """One error line where `setting` (a dtype naming this kernel) cannot run: use `instead`."""
     if not int4_dot_available():
-        raise DcocoError(f"{setting} needs AVX-512 VNNI and the fused CPU kernels built "
+        raise DcocoError(f"{setting} needs AVX-512 VNNI or AVX2 and the fused CPU kernels built "
                          f"(dcoco.models.cpu.cpu_kernels); use {instead}")  # fmt: skip
 
 

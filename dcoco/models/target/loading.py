@@ -127,7 +127,8 @@ def load_target(
 
 
 def gguf_layer(dtype: str) -> type[Int4GroupLinear]:
-    """The int4 layer of a gguf precision: gguf-a8's needs the w4a8 kernel (AVX-512 VNNI)."""
+    """The int4 layer of a gguf precision: gguf-a8's needs the w4a8 kernel (AVX-512
+    VNNI or AVX2)."""
     if dtype == "gguf":
         return Int4GroupLinear
     require_int4_dot("dtype gguf-a8", "gguf")
