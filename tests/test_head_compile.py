@@ -12,9 +12,9 @@ import torch
 
 from dcoco.decode.engine import Engine
 from dcoco.decode.head_proposer import HeadProposer
+from dcoco.models.heads import head_compile
 from dcoco.models.heads.base import select_draft
 from dcoco.models.heads.corrector import Corrector, CorrectorConfig
-from dcoco.models.heads import head_compile
 from dcoco.models.heads.head_compile import HeadSelect
 from tests.test_corrector_options import make_corrector, random_block
 from tests.test_draft_vocab import RecordingProposer, make_drafter, vocab_ids

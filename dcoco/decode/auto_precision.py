@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from dcoco.decode.auto_draft import DRAFT_PASS
 from dcoco.decode.cost_curve import (
     KERNELS,
     CostCurve,
@@ -41,10 +42,6 @@ from dcoco.models.target.loading import default_device, gguf_file, load_target
 from dcoco.models.target.precision import GGUF_PRECISIONS
 from dcoco.paths import cache_dir
 
-# Bumped when the drafter's pass changes what a draft costs, so that choices cached before it are
-# made again (2: dcoco.models.drafter.draft_pass, int4 drafters, drafted blocks; 3: w4a8 drafters;
-# 4: the w4a8 MLP in one call, the attention in place, the copy bonus in C++).
-DRAFT_PASS = 4
 # CPU precisions auto compares, where the target has them (precision_available)
 CANDIDATES = ("bf16", "gguf", "gguf-a8", "fp32")
 

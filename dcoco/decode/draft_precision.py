@@ -25,6 +25,10 @@ dtype. Drafts are proposals: the target still verifies every token, so the outpu
 which tokens get proposed may change, as between any two precisions (τ at 4 and 7 drafts moved by
 0.01-0.02 between bf16 and int4, docs/lab/results.md).
 
+This module's `auto` is the rule by CPU kind; `--draft-dtype auto` itself measures the settings
+that run here and keeps the fastest (dcoco.decode.auto_draft), as a Xeon with AMX may draft faster
+in w4a8 on its AVX-512 VNNI than in bf16 on its tiles.
+
 `--draft-block drafted` (the default) runs the anchor and the slots this cycle drafts, not the
 whole block, as vLLM runs DFlash when it drafts fewer tokens than the block holds; the slots see
 fewer masks after them than in training (τ 2.33 -> 2.31 at 4 drafts, same place).
@@ -123,13 +127,22 @@ def drafter_product(name: str, target: TargetModel, config: DrafterConfig) -> Pr
         raise DcocoError(f"--draft-dtype {setting} runs on the CPU's int4 kernels: use it on a CPU")
     if setting == "w4a8":
         require_int4_dot("--draft-dtype w4a8", "--draft-dtype int4")
-    widths = (config.hidden_size, config.intermediate_size, config.num_taps * config.hidden_size)
-    if all(int4_packable(width) for width in widths):
+    if quantised_widths_fit(config):
         return QUANTISED[setting]
     if name == "auto":
         return None
+    widths = _input_widths(config)
     raise DcocoError(f"--draft-dtype {setting} needs the drafter's input widths {widths} "
                      f"divisible by {GROUP}; use --draft-dtype target")  # fmt: skip
+
+
+def quantised_widths_fit(config: DrafterConfig) -> bool:
+    """Whether the int4 kernels pack the drafter's layers: every input width a multiple of 32."""
+    return all(int4_packable(width) for width in _input_widths(config))
+
+
+def _input_widths(config: DrafterConfig) -> tuple[int, ...]:
+    return config.hidden_size, config.intermediate_size, config.num_taps * config.hidden_size
 
 
 def pack_drafter(drafter: BlockDrafter, target: TargetModel,

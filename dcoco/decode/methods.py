@@ -13,9 +13,10 @@ The whole spec names the method in reports, so `dcoco@dcoco-dropin` and `dcoco` 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from dcoco.decode.auto_draft import measured_setting
 from dcoco.decode.draft_precision import (
     check_draft_block,
     drafter_product,
@@ -179,6 +180,20 @@ def _vocab_ids(options: MethodOptions, target: TargetModel):
     return draft_vocab_ids(options.draft_vocab, target.name, target.info.vocab_size)
 
 
+def _measured_draft_dtype(method: str, path: Path, target: TargetModel,
+                          options: MethodOptions) -> str:  # fmt: skip
+    """`--draft-dtype auto`: the setting whose pass of this drafter measured fastest here
+    (dcoco.decode.auto_draft), each candidate built as this method with its head uncompiled."""
+    config, raw = read_drafter_config(path)
+    key = {"drafter": raw, "draft_vocab": options.draft_vocab, "draft_block": options.draft_block}
+
+    def build(setting: str) -> Proposer:
+        uncompiled = replace(options, draft_dtype=setting, compile_head=False)
+        return build_proposer(method, target, uncompiled)
+
+    return measured_setting(target, config, key, build)
+
+
 def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> Proposer | None:
     resolved = resolve_method(method, target, options)
     spec, path = resolved.spec, resolved.path
@@ -192,8 +207,11 @@ def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> 
     from dcoco.models.drafter.drafter_io import stored_slot_accuracy
     from dcoco.models.heads.head_io import load_head
 
-    drafter = load_proposer_drafter(path, target, options.draft_dtype)
-    product = drafter_product(options.draft_dtype, target, drafter.config)
+    draft_dtype = options.draft_dtype
+    if draft_dtype == "auto":
+        draft_dtype = _measured_draft_dtype(method, path, target, options)
+    drafter = load_proposer_drafter(path, target, draft_dtype)
+    product = drafter_product(draft_dtype, target, drafter.config)
     drafter.drafted_rows_only = check_draft_block(options.draft_block) == "drafted"
     num_draft_tokens = options.num_draft_tokens or None
     prior = stored_slot_accuracy(path)

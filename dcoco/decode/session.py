@@ -38,7 +38,7 @@ class DecodeConfig:
     num_draft_tokens: str = "auto"  # auto | N: drafts per cycle (auto: best measured tokens/s)
     drafter: str = ""  # drafter checkpoint; empty = the one shipped for the target
     selection: str = "greedy"  # dcoco's selection rule: greedy | keep1 | global | discounted | top1
-    draft_dtype: str = "auto"  # drafter: auto (by CPU) | target | fp32 | int4 | w4a8
+    draft_dtype: str = "auto"  # drafter: auto (measured) | target | fp32 | int4 | w4a8
     head_dtype: str = "auto"  # LM head precision: auto (measured with --dtype) | target | fp32
     draft_vocab: str = "auto"  # drafter head rows: auto (16000 most frequent) | full | N
     draft_block: str = "drafted"  # drafter pass rows: drafted (anchor + drafts) | full (block)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from dcoco.config import Command
+from dcoco.decode.auto_draft import forget_draft_settings
 from dcoco.decode.auto_precision import (
     auto_choice,
     describe,
@@ -74,6 +75,8 @@ def run(config: ProfileConfig) -> int:
         load_target(config.target, dtype, config.device or None, config.attention, matmul, head)
         for dtype, matmul, head in settings
     ]
+    if config.refresh:
+        forget_draft_settings()  # the drafters' measured precisions too
     curves = forward_curves(targets, config.max_tokens, refresh=config.refresh)
     for curve in curves:
         report["forward_ms"][curve.setting] = _keys(curve.forward_ms)

@@ -45,7 +45,7 @@ def main() -> None:
                         help="the drafter setting the w4a8 draft is set against")  # fmt: skip
     baseline = parser.parse_args().draft_baseline
     if not int4_dot_available():
-        raise SystemExit("the w4a8 kernel does not build here (AVX-512 VNNI or AVX2): nothing to do")
+        raise SystemExit("the w4a8 kernel does not build here (AVX-512 VNNI or AVX2): no timing")
     machine = machine_fingerprint()
     print(f"{machine['cpu']} ({machine['isa']}, kernels {int4_dot_isa()}, torch "
           f"{torch.backends.cpu.get_cpu_capability()}), {torch.get_num_threads()} threads, "

@@ -6,9 +6,9 @@ same arithmetic in one C++ call a few µs. This module compiles cpu_kernels.cpp 
 an optional per-head norm first, and a row argmax equal to torch.argmax), with int4_dot.cpp and
 w4a8_layer.cpp (dcoco.models.target.int4_dot) and draft_attention.cpp (the drafter's attention),
 once per machine (-march=native unless DCOCO_CPU_ARCH names another, OpenMP) with torch's
-extension builder into $DCOCO_CACHE_DIR/cpu-kernels/, and serves them for CPU tensors outside autograd. Where it cannot
-build (no C++ compiler, no ninja) or DCOCO_CPU_KERNELS=off, callers keep PyTorch's operators, after
-one line on stderr.
+extension builder into $DCOCO_CACHE_DIR/cpu-kernels/, and serves them for CPU tensors outside
+autograd. Where it cannot build (no C++ compiler, no ninja) or DCOCO_CPU_KERNELS=off, callers keep
+PyTorch's operators, after one line on stderr.
 
 Each kernel rounds to bf16 where the operators do, so rotary is bit-equal to them and a norm
 differs only where its fp32 sum of squares rounds differently (at most one bf16 step,
