@@ -93,7 +93,7 @@ def test_the_fastest_pass_is_chosen_once_and_then_read(monkeypatch, capsys):
     assert auto_draft.measured_setting(target, config, key, build) == "int4"
     assert sorted(built) == sorted(passes)
     line = capsys.readouterr().err
-    assert "draft dtype auto -> int4" in line and "w4a8 6." in line
+    assert "draft dtype auto -> int4 for the drafter beside" in line and "w4a8 6." in line
     [cached] = (auto_draft.cache_dir() / "profiles").glob("draft-dtype-*.json")
     record = json.loads(cached.read_text())
     assert record["draft_dtype"] == "int4"

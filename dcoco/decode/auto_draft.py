@@ -58,10 +58,11 @@ def candidates(target: TargetModel, config: DrafterConfig) -> list[str]:
 
 
 def measured_setting(target: TargetModel, config: DrafterConfig, key: dict,
-                     build: Callable[[str], Proposer]) -> str:  # fmt: skip
+                     build: Callable[[str], Proposer],
+                     label: str = "the drafter") -> str:  # fmt: skip
     """The fastest of `candidates` for the drafter `config` (cached under `key`: its checkpoint's
     config and what else its cost depends on); `build(setting)` makes the proposer whose pass is
-    timed."""
+    timed; `label` names it in the line that reports the choice."""
     settings = candidates(target, config)
     if len(settings) == 1:
         return settings[0]
@@ -85,8 +86,8 @@ def measured_setting(target: TargetModel, config: DrafterConfig, key: dict,
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"draft_dtype": chosen, "draft_ms": ms, "slots": slots}, indent=1))
     timed = ", ".join(f"{setting} {value:.2f} ms" for setting, value in ms.items())
-    print(f"dcoco: draft dtype auto -> {chosen} (a pass of {slots} drafts: {timed}; measured once "
-          f"on this machine)", file=sys.stderr)  # fmt: skip
+    print(f"dcoco: draft dtype auto -> {chosen} for {label} beside {target.precision} (a pass of "
+          f"{slots} drafts: {timed}; measured once on this machine)", file=sys.stderr)  # fmt: skip
     return chosen
 
 

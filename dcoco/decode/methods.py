@@ -191,7 +191,7 @@ def _measured_draft_dtype(method: str, path: Path, target: TargetModel,
         uncompiled = replace(options, draft_dtype=setting, compile_head=False)
         return build_proposer(method, target, uncompiled)
 
-    return measured_setting(target, config, key, build)
+    return measured_setting(target, config, key, build, label=f"{method}'s drafter")
 
 
 def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> Proposer | None:
