@@ -17,7 +17,7 @@ from dcoco.decode.draft_precision import check_draft_block, drafter_product
 from dcoco.decode.engine import Engine
 from dcoco.decode.methods import MethodOptions, build_proposer
 from dcoco.errors import DcocoError
-from dcoco.models.drafter.draft_pass import DraftPass
+from dcoco.models.drafter.draft_pass import CATCH_UP_ROWS, DraftPass
 from dcoco.models.drafter.drafter import BlockDrafter
 from dcoco.models.drafter.drafter_config import DrafterConfig
 from dcoco.models.drafter.drafter_io import save_drafter
@@ -140,6 +140,23 @@ def test_a_w4a8_pass_runs_each_layer_half_in_one_call_as_its_operators_would():
         assert (hidden != op_hidden).float().mean() < 0.01
         assert torch.allclose(hidden.float(), op_hidden.float(), rtol=2**-6, atol=2**-6)
         assert torch.equal(logits.argmax(-1), op_logits.argmax(-1))
+
+
+@pytest.mark.skipif(not int4_dot_available(), reason="no int4_dot build here")
+def test_a_catch_up_of_skipped_taps_stays_on_the_int8_row_kernel():
+    # after plain cycles a pass reads every tap they skipped: up to CATCH_UP_ROWS rows go through
+    # the kernel MAX_ROWS at a time, each row as a step's call computes it; a prompt's first pass
+    # keeps the layer's dequantised copy
+    target = make_tiny_target("llama")
+    target.model.to(torch.bfloat16)
+    draft_pass = DraftPass(make_drafter(target), w4a8_linear)
+    layer = draft_pass.fc
+    rows = torch.randn(40, layer.in_features, generator=torch.Generator().manual_seed(2)).bfloat16()
+    each = torch.cat([layer.forward(row[None]) for row in rows])
+    assert torch.equal(draft_pass._product(layer, rows), each)
+    assert not torch.equal(layer.forward(rows), each)  # the dequantised copy rounds otherwise
+    prompt = rows.repeat(CATCH_UP_ROWS // 40 + 1, 1)
+    assert torch.equal(draft_pass._product(layer, prompt), layer.forward(prompt))
 
 
 @pytest.fixture
