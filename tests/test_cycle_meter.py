@@ -72,6 +72,26 @@ def test_drafting_that_measures_below_plain_stops_whatever_the_forecast():
     assert "measured below plain" not in policy.describe()
 
 
+def test_a_noisy_streak_does_not_stop_drafting_but_a_steady_loss_does():
+    # plain's forecast: 1 token in 11 ms. Four drafting cycles of 1, 1, 1 and 3 tokens in 20 ms
+    # each run at 0.075 tokens/ms on average, below 0.97x plain's 0.091, but cycles that give 1
+    # to 5 tokens say little in four: the upper bound of their rate is above plain's. Four
+    # cycles of 1 token each in 20 ms are a loss beyond doubt.
+    meter = RateMeter()
+    for tokens in (2, 2, 2, 2):
+        meter.add(tokens, 20.0)
+    assert meter.upper_rate() == pytest.approx(meter.rate)  # no spread, no margin
+    noisy = DraftLengthPolicy(SLOPE, max_k=4, prior=(0.9,) * 4, draft_ms=1.0)
+    for accepted in (0, 0, 0, 2):
+        noisy.observe(4, accepted, 0.001, verify_s=0.014, cycle_s=0.020)
+    assert noisy.counts().drafting.rate < 0.97 * noisy.plain_rate()
+    assert not noisy.below_plain() and noisy.choose() > 0
+    steady = DraftLengthPolicy(SLOPE, max_k=4, prior=(0.9,) * 4, draft_ms=1.0)
+    for _ in range(4):
+        steady.observe(4, 0, 0.001, verify_s=0.014, cycle_s=0.020)
+    assert steady.below_plain() and steady.choose() == 0
+
+
 class SlowProposer(PromptLookupProposer):
     """Prompt lookup made slow on purpose: every pass sleeps `delay_s`."""
 

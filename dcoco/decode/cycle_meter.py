@@ -9,7 +9,11 @@ kept drafting at 0.95x plain. So the engine times every whole cycle, and:
 - `overhead`: the time outside verify and draft, a running average for drafting and plain cycles
   apart, enters every forecast (the same code the engine runs, Python included);
 - `RateMeter`: tokens per ms of whole cycles, plain ones (k = 0) and a mode's drafting ones, so a
-  mode whose drafting cycles measure below plain's stops drafting (explorations re-measure it);
+  mode whose drafting cycles measure below plain's stops drafting (explorations re-measure it).
+  A drafting cycle gives 1 to k + 1 tokens, so a few cycles' rate is noisy: in one demo run the
+  1-gram and no-match modes of `dflash` stopped on such a streak although all their drafting
+  cycles together ran 1.19x and 1.34x plain's rate. So a mode stops only where even its rate's
+  upper bound (GUARD_Z standard errors of the tokens a cycle gave) is below plain's;
 - `Ledger`: the tokens and ms forecast for the cycles that ran against what they gave, printed by
   `dcoco compare` (the demo) beside the measured speed.
 """
@@ -21,25 +25,43 @@ from dataclasses import dataclass, field
 RATE_DECAY = 0.9  # a rate meter's weight on its past (about the last 10 cycles count)
 GUARD_CYCLES = 4  # timed cycles each side needs before measured drafting and plain are compared
 GUARD_MARGIN = 0.97  # drafting stops where it measures below this share of plain's rate
+GUARD_Z = 1.64  # ... by this many standard errors (one-sided 95%)
 
 
 @dataclass
 class RateMeter:
-    """Tokens and milliseconds of whole cycles, both decayed by RATE_DECAY."""
+    """Tokens and milliseconds of whole cycles, both decayed by RATE_DECAY, with what the spread
+    of tokens a cycle needs: the decayed squares and the weights (sum and sum of squares)."""
 
     tokens: float = 0.0
     ms: float = 0.0
     cycles: int = 0
+    squares: float = 0.0
+    weight: float = 0.0
+    weight_squares: float = 0.0
 
     def add(self, tokens: int, ms: float) -> None:
         self.tokens = RATE_DECAY * self.tokens + tokens
         self.ms = RATE_DECAY * self.ms + ms
+        self.squares = RATE_DECAY * self.squares + tokens * tokens
+        self.weight = RATE_DECAY * self.weight + 1.0
+        self.weight_squares = RATE_DECAY**2 * self.weight_squares + 1.0
         self.cycles += 1
 
     @property
     def rate(self) -> float:
         """Tokens per ms (0 before any cycle)."""
         return self.tokens / self.ms if self.ms > 0 else 0.0
+
+    def upper_rate(self, z: float = GUARD_Z) -> float:
+        """The rate plus z standard errors of its mean tokens a cycle (the decayed cycles'
+        effective count: weight² / weight_squares), over its mean ms a cycle."""
+        if self.ms <= 0:
+            return 0.0
+        mean = self.tokens / self.weight
+        variance = max(self.squares / self.weight - mean * mean, 0.0)
+        effective = self.weight * self.weight / self.weight_squares
+        return self.rate + z * (variance / effective) ** 0.5 / (self.ms / self.weight)
 
     @property
     def measured(self) -> bool:

@@ -189,11 +189,12 @@ class DraftLengthPolicy:
 
     def below_plain(self, mode: Mode = 0) -> bool:
         """Whether `mode`'s timed drafting cycles ran below GUARD_MARGIN x plain's tokens/ms
-        (plain's measured where enough plain cycles ran, else forecast)."""
+        (plain's measured where enough plain cycles ran, else forecast), their rate's upper
+        bound too (dcoco.decode.cycle_meter: a few cycles' tokens vary from 1 to k + 1)."""
         drafting = self.counts(mode).drafting
         if not drafting.measured:
             return False
-        return drafting.rate < GUARD_MARGIN * self.plain_rate()
+        return drafting.upper_rate() < GUARD_MARGIN * self.plain_rate()
 
     def plain_rate(self) -> float:
         """Plain's tokens per ms: measured, else the forecast of a k = 0 cycle, with an overhead
