@@ -188,9 +188,8 @@ class DraftLengthPolicy:
                                  scale, self.overhead)  # fmt: skip
 
     def below_plain(self, mode: Mode = 0) -> bool:
-        """Whether `mode`'s timed drafting cycles ran below GUARD_MARGIN x plain's tokens/ms
-        (plain's measured where enough plain cycles ran, else forecast), their rate's upper
-        bound too (dcoco.decode.cycle_meter: a few cycles' tokens vary from 1 to k + 1)."""
+        """Whether even the upper bound of `mode`'s drafting rate (RateMeter.upper_rate) is below
+        GUARD_MARGIN x plain's tokens/ms (measured where enough plain cycles ran, else forecast)."""
         drafting = self.counts(mode).drafting
         if not drafting.measured:
             return False
