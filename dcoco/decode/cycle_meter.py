@@ -30,22 +30,17 @@ GUARD_Z = 1.64  # ... by this many standard errors (one-sided 95%)
 
 @dataclass
 class RateMeter:
-    """Tokens and milliseconds of whole cycles, both decayed by RATE_DECAY, with what the spread
-    of tokens a cycle needs: the decayed squares and the weights (sum and sum of squares)."""
+    """Tokens, their squares and milliseconds of whole cycles, each decayed by RATE_DECAY."""
 
     tokens: float = 0.0
     ms: float = 0.0
     cycles: int = 0
     squares: float = 0.0
-    weight: float = 0.0
-    weight_squares: float = 0.0
 
     def add(self, tokens: int, ms: float) -> None:
         self.tokens = RATE_DECAY * self.tokens + tokens
         self.ms = RATE_DECAY * self.ms + ms
         self.squares = RATE_DECAY * self.squares + tokens * tokens
-        self.weight = RATE_DECAY * self.weight + 1.0
-        self.weight_squares = RATE_DECAY**2 * self.weight_squares + 1.0
         self.cycles += 1
 
     @property
@@ -54,14 +49,17 @@ class RateMeter:
         return self.tokens / self.ms if self.ms > 0 else 0.0
 
     def upper_rate(self, z: float = GUARD_Z) -> float:
-        """The rate plus z standard errors of its mean tokens a cycle (the decayed cycles'
-        effective count: weight² / weight_squares), over its mean ms a cycle."""
+        """The rate plus z standard errors of its mean tokens a cycle (over the decayed cycles'
+        effective count), over its mean ms a cycle."""
         if self.ms <= 0:
             return 0.0
-        mean = self.tokens / self.weight
-        variance = max(self.squares / self.weight - mean * mean, 0.0)
-        effective = self.weight * self.weight / self.weight_squares
-        return self.rate + z * (variance / effective) ** 0.5 / (self.ms / self.weight)
+        # the cycles' weights: sum and sum of squares of RATE_DECAY^i, i < cycles
+        weight = (1 - RATE_DECAY**self.cycles) / (1 - RATE_DECAY)
+        weight_squares = (1 - RATE_DECAY ** (2 * self.cycles)) / (1 - RATE_DECAY**2)
+        mean = self.tokens / weight
+        variance = max(self.squares / weight - mean * mean, 0.0)
+        effective = weight * weight / weight_squares
+        return self.rate + z * (variance / effective) ** 0.5 / (self.ms / weight)
 
     @property
     def measured(self) -> bool:
