@@ -15,6 +15,7 @@ from dcoco.decode.head_proposer import HeadProposer
 from dcoco.models.heads import head_compile
 from dcoco.models.heads.base import select_draft
 from dcoco.models.heads.corrector import Corrector, CorrectorConfig
+from dcoco.models.heads.fused_walk import fused_walk_for
 from dcoco.models.heads.head_compile import HeadSelect
 from tests.test_corrector_options import make_corrector, random_block
 from tests.test_draft_vocab import RecordingProposer, make_drafter, vocab_ids
@@ -129,8 +130,8 @@ def test_a_failed_compile_serves_the_eager_call(monkeypatch, capsys):
     assert not select.compiled
 
 
-def test_the_engine_drafts_with_the_compiled_pick_as_with_the_eager_one(tiny_llama_target):
-    target = tiny_llama_target
+def _engine_corrector(target) -> tuple:
+    """A drafter over a draft vocabulary and a corrector whose every term moves its scores."""
     drafter = make_drafter(target)
     drafter.use_draft_vocab(vocab_ids(target.info.vocab_size))
     config = CorrectorConfig(drafter.config.hidden_size, top_k=4, mlp_hidden=16,
@@ -141,20 +142,46 @@ def test_the_engine_drafts_with_the_compiled_pick_as_with_the_eager_one(tiny_lla
         for name, parameter in corrector.named_parameters():
             if name.startswith(("delta_out", "query_out")):
                 torch.nn.init.normal_(parameter)
-    prompt = torch.randint(5, 120, (8,), generator=torch.Generator().manual_seed(2)).tolist()
+    return drafter, corrector
+
+
+def _engine_drafts(target, proposer, prompt: list[int]) -> list:
+    """The drafts `proposer` made while the engine decoded `prompt` as plain decoding does."""
+    recording = RecordingProposer(proposer)
     plain = Engine(target).generate(prompt, 20).new_ids
+    assert Engine(target, recording).generate(prompt, 20).new_ids == plain
+    assert recording.drafts
+    return recording.drafts
+
+
+PROMPT = torch.randint(5, 120, (8,), generator=torch.Generator().manual_seed(2)).tolist()
+
+
+def test_the_engine_drafts_with_the_compiled_pick_as_with_the_eager_one(tiny_llama_target):
+    drafter, corrector = _engine_corrector(tiny_llama_target)
     runs = []
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     for compile_head in (False, True):
-        proposer = HeadProposer(drafter, corrector, num_draft_tokens=3, compile_head=compile_head)
-        recording = RecordingProposer(proposer)
-        assert Engine(target, recording).generate(prompt, 20).new_ids == plain
-        runs.append(recording.drafts)
+        proposer = HeadProposer(drafter, corrector, num_draft_tokens=3, compile_head=compile_head,
+                                fused_walk=False)  # fmt: skip
+        runs.append(_engine_drafts(tiny_llama_target, proposer, PROMPT))
         assert proposer.select.compiled == compile_head
-    assert runs[0] == runs[1] and runs[0]
+    assert runs[0] == runs[1]
     # the warm-up's graph for each of 1-3 slots, none after it: the drafter hands over its
     # first slots of a longer block, a view whose strides the warm-up's inputs do not have
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 3
+
+
+def test_the_engine_drafts_with_the_fused_walk_as_with_the_eager_pick(tiny_llama_target):
+    if fused_walk_for(_corrector(), None, None) is None:
+        pytest.skip("the fused CPU kernels do not build here")
+    drafter, corrector = _engine_corrector(tiny_llama_target)
+    runs = []
+    for fused in (False, True):
+        proposer = HeadProposer(drafter, corrector, num_draft_tokens=3, fused_walk=fused)
+        runs.append(_engine_drafts(tiny_llama_target, proposer, PROMPT))
+        assert proposer.select.fused == fused
+    assert runs[0] == runs[1]
 
 
 def test_the_frozen_tables_count_as_set_up_not_as_a_drafts_cost(monkeypatch):

@@ -4,6 +4,7 @@ linear kernel decoding uses by default (oneDNN prepacked on CPU)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from dcoco.cli import main
 from dcoco.decode.engine import Engine
@@ -123,3 +124,29 @@ def test_generate_json(capsys):
     record = json.loads(capsys.readouterr().out)
     assert {"text", "tokens_per_s", "tau", "cycles", "new_tokens", "accept_hist"} <= set(record)
     assert record["new_tokens"] <= 8
+
+
+def test_shipped_corrector_walks_fused_and_picks_the_eager_fp32_walks(smollm2):
+    """On real drafted blocks, the engine's fused walk (dcoco.models.heads.fused_walk) picks what
+    the eager fp32 walk picks, and decoding with it equals plain."""
+    from dcoco.decode.methods import MethodOptions, build_proposer
+    from dcoco.models.heads.head_compile import HeadSelect
+
+    proposer = build_proposer("dcoco", smollm2, MethodOptions(draft_dtype="target"))
+    select = proposer.select
+    if not select.fused:
+        pytest.skip("the fused CPU kernels do not build here")
+    blocks, walk = [], select._call
+
+    def recording(*block):
+        blocks.append(tuple(tensor.clone() for tensor in block))
+        return walk(*block)
+
+    select._call = recording
+    prompt = smollm2.encode_chat(BUILTIN_PROMPTS[1])
+    plain = Engine(smollm2).generate(prompt, 48)
+    assert Engine(smollm2, proposer).generate(prompt, 48).new_ids == plain.new_ids
+    eager = HeadSelect(proposer.head, None, select.column_ids, select.max_slots, compile=False)
+    assert len(blocks) > 5
+    for block in blocks:
+        assert torch.equal(walk(*block), eager(*block))

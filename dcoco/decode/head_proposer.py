@@ -32,10 +32,13 @@ class HeadProposer(DFlashProposer):
         acceptance_prior: tuple[float, ...] = (),
         compile_head: bool = False,
         sampled_drafts: bool = False,
+        fused_walk: bool = True,
     ):
         """`selection`: the corrector's rule (dcoco.models.heads.selection); None = its default.
         `acceptance_prior`: as for DFlashProposer. `compile_head`: a DCOCO corrector's pick
-        compiled (dcoco.models.heads.head_compile) on the first draft."""
+        compiled (dcoco.models.heads.head_compile) on the first draft, where `fused_walk` does
+        not run its walk as one C++ call (dcoco.models.heads.fused_walk: on a CPU where the
+        kernels build)."""
         super().__init__(drafter, num_draft_tokens, acceptance_prior, sampled_drafts)
         head_hidden = getattr(head.config, "hidden_size", drafter.config.hidden_size)
         if head_hidden != drafter.config.hidden_size:
@@ -70,11 +73,12 @@ class HeadProposer(DFlashProposer):
         self.name = name or head.kind
         vocab = drafter.draft_vocab
         columns = None if vocab is None else vocab.token_ids
-        # the corrector's pick is some 300 small operators eagerly; the sequential heads are a
-        # few per slot, and not compiled here
+        # the corrector's pick is some 300 small operators eagerly: on a CPU its walk runs as one
+        # C++ call where the kernels build, else compiled; the sequential heads are a few per
+        # slot, and not compiled here
         compile_head = compile_head and head.kind == "dcoco"
         self.select = HeadSelect(head, self.selection, columns, self.num_draft_tokens,
-                                 compile=compile_head, batch_sizes=(1,))  # fmt: skip
+                                 compile=compile_head, batch_sizes=(1,), fused=fused_walk)  # fmt: skip
 
     @torch.inference_mode()
     def propose(self, context: DraftContext) -> Proposal:

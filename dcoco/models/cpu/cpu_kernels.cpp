@@ -13,6 +13,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <string>
 
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -260,6 +262,13 @@ bool draft_attention_available();
 torch::Tensor draft_attention(const torch::Tensor& query, const torch::Tensor& key,
                               const torch::Tensor& value, double scale);
 
+// corrector_walk.cpp, built into the same module
+torch::Tensor corrector_walk(const torch::Tensor& logits, const torch::Tensor& hidden,
+                             const torch::Tensor& anchor_ids, const torch::Tensor& column_ids,
+                             const std::map<std::string, torch::Tensor>& weights, int64_t top_k,
+                             int64_t trained_top_k, bool normalised, bool anchor, bool from_start,
+                             double query_scale);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm of bf16 rows");
   m.def("row_argmax", &row_argmax, "argmax of fp32 or bf16 rows, as torch.argmax");
@@ -273,4 +282,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("draft_attention_available", &draft_attention_available,
         "whether draft_attention was built (AVX-512 bf16)");
   m.def("draft_attention", &draft_attention, "a draft's few query rows over all keys, no mask");
+  m.def("corrector_walk", &corrector_walk, "the DCOCO corrector's prefix-first walk, fp32");
 }

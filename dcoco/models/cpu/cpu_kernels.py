@@ -31,7 +31,13 @@ from torch import Tensor
 from dcoco.models.cpu.cpu_info import cpu_info
 from dcoco.paths import cache_dir
 
-KERNEL_FILES = ("cpu_kernels.cpp", "int4_dot.cpp", "w4a8_layer.cpp", "draft_attention.cpp")
+KERNEL_FILES = (
+    "cpu_kernels.cpp",
+    "int4_dot.cpp",
+    "w4a8_layer.cpp",
+    "draft_attention.cpp",
+    "corrector_walk.cpp",
+)
 SOURCES = [Path(__file__).with_name(name) for name in KERNEL_FILES]
 # included by the sources: in the digest
 HEADERS = [Path(__file__).with_name(name) for name in ("vector_math.h", "int4_dot_avx2.h")]

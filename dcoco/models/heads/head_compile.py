@@ -39,6 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from dcoco.models.heads.base import select_draft
+from dcoco.models.heads.fused_walk import fused_walk_for
 
 _GRAPHS = 0  # graphs compiled for draft heads in this process (HeadSelect._compiled)
 
@@ -54,21 +55,27 @@ class HeadSelect:
 
     def __init__(self, head: nn.Module, selection: str | None, column_ids: Tensor | None,
                  max_slots: int, compile: bool = True,
-                 batch_sizes: tuple[int, ...] = (1, 2), in_background: bool = False):  # fmt: skip
+                 batch_sizes: tuple[int, ...] = (1, 2), in_background: bool = False,
+                 fused: bool = False):  # fmt: skip
         """`batch_sizes`: the request counts compiled ahead, for every slot count (vLLM: 1 and 2,
         the second standing for every larger batch; our engine drafts for one). `in_background`:
-        compile in a thread, calls running eagerly until it is done (a server)."""
+        compile in a thread, calls running eagerly until it is done (a server). `fused`: where
+        the head's walk runs as one C++ call here (dcoco.models.heads.fused_walk), calls run
+        that, uncompiled (our engine on a CPU; the vLLM plugin builds no kernels)."""
         self.head, self.selection, self.column_ids = head, selection, column_ids
         self.max_slots, self.batch_sizes = max_slots, batch_sizes
-        self._call = None if compile else self._eager  # compiled on the first prepare or call
+        walk = fused_walk_for(head, selection, column_ids) if fused else None
+        self.fused = walk is not None
+        self._call = walk or (None if compile else self._eager)  # else compiled on first use
         self.in_background = in_background
         self._thread: threading.Thread | None = None  # the background compile, once started
         self.setup_s = 0.0  # seconds the compiling took (0 until it ran, and when eager)
 
     @property
     def compiled(self) -> bool:
-        """Whether calls run the compiled function (not yet prepared, eager or failed: False)."""
-        return self._call is not None and self._call != self._eager
+        """Whether calls run the compiled function (not yet prepared, eager, fused or failed:
+        False)."""
+        return self._call is not None and self._call != self._eager and not self.fused
 
     def prepare(self, hidden: Tensor, logits: Tensor, anchor_ids: Tensor) -> None:
         """Compile now (or start compiling, `in_background`), from a call's inputs (shapes and

@@ -1,0 +1,377 @@
+// The DCOCO corrector's prefix-first walk in one call (dcoco.models.heads.fused_walk).
+//
+// Eagerly the walk is ~300 small operators and compiled it still cost 1.3 ms at 4 slots on a
+// 2-core Zen 4; the arithmetic is ~2 M multiply-adds. Here the four products over every slot or
+// candidate (slot projection, pair state, delta's and the query's pair parts, the successors'
+// first layer) are one ATen matmul each, and the rest runs in plain loops: the top-K and log
+// normaliser of each slot's logits, the candidates' representations, and the walk itself, which
+// computes S[p, a, :] only for the candidate a it chose at p (K scores per slot, not K x K).
+// Everything is fp32. The picks equal the batched walk's in fp32 except where two scores lie
+// within rounding (tests/test_fused_walk.py); either pick is verified, so output is unchanged.
+
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace {
+
+using Weights = std::map<std::string, torch::Tensor>;
+
+// e^x by a degree-6 polynomial on x = n ln2 + f (vector_math.h's), in scalar code the compiler
+// vectorises (no calls, no branches); x is clamped to [-80, 88] so 2^n stays a normal number.
+inline float poly_exp(float x) {
+  x = std::min(std::max(x, -80.0f), 88.0f);
+  const float shifter = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float n = (x * 1.44269504f + shifter) - shifter;
+  float f = x - n * 0.693145751953125f;
+  f = f - n * 1.428606765330187e-06f;
+  float p = 1.0f / 720;
+  p = p * f + 1.0f / 120;
+  p = p * f + 1.0f / 24;
+  p = p * f + 1.0f / 6;
+  p = p * f + 0.5f;
+  p = p * f + 1.0f;
+  p = p * f + 1.0f;
+  int32_t bits;
+  std::memcpy(&bits, &p, sizeof bits);
+  bits += static_cast<int32_t>(n) << 23;
+  std::memcpy(&p, &bits, sizeof p);
+  return p;
+}
+
+inline float silu(float x) { return x / (1.0f + poly_exp(-x)); }
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+// out[r] = weight[r, :] . x for weight [rows, n], row-major; four rows share each load of x.
+void matvec(const float* weight, const float* x, int64_t rows, int64_t n, float* out) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    const float *w0 = weight + r * n, *w1 = w0 + n, *w2 = w1 + n, *w3 = w2 + n;
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+    for (int64_t i = 0; i < n; ++i) {
+      s0 += w0[i] * x[i];
+      s1 += w1[i] * x[i];
+      s2 += w2[i] * x[i];
+      s3 += w3[i] * x[i];
+    }
+    out[r] = s0;
+    out[r + 1] = s1;
+    out[r + 2] = s2;
+    out[r + 3] = s3;
+  }
+  for (; r < rows; ++r) out[r] = dot(weight + r * n, x, n);
+}
+
+// The k largest values of row[0, n) descending and their columns (an equal value after the ones
+// kept); chunks of 16 whose maximum cannot enter are skipped after one vector reduction.
+void row_top(const float* row, int64_t n, int64_t k, float* values, int64_t* columns) {
+  int64_t kept = 0;
+  for (int64_t start = 0; start < n; start += 16) {
+    const int64_t end = std::min(n, start + 16);
+    if (kept == k) {
+      float most = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : most)
+      for (int64_t i = start; i < end; ++i) most = std::max(most, row[i]);
+      if (!(most > values[k - 1])) continue;
+    }
+    for (int64_t i = start; i < end; ++i) {
+      const float value = row[i];
+      if (kept == k && !(value > values[k - 1])) continue;
+      int64_t at = kept < k ? kept++ : k - 1;
+      while (at > 0 && value > values[at - 1]) {
+        values[at] = values[at - 1];
+        columns[at] = columns[at - 1];
+        --at;
+      }
+      values[at] = value;
+      columns[at] = i;
+    }
+  }
+}
+
+float log_sum_exp(const float* row, int64_t n, float most) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += poly_exp(row[i] - most);
+  return most + std::log(sum);
+}
+
+// z = silu(LayerNorm(x)) of one row, in place.
+void norm_silu(float* x, const float* gain, const float* bias, int64_t n, float eps) {
+  float mean = 0.0f, squares = 0.0f;
+#pragma omp simd reduction(+ : mean)
+  for (int64_t i = 0; i < n; ++i) mean += x[i];
+  mean /= static_cast<float>(n);
+#pragma omp simd reduction(+ : squares)
+  for (int64_t i = 0; i < n; ++i) squares += (x[i] - mean) * (x[i] - mean);
+  const float scale = 1.0f / std::sqrt(squares / static_cast<float>(n) + eps);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) x[i] = silu((x[i] - mean) * scale * gain[i] + bias[i]);
+}
+
+// The normalised features of candidate `rank` (candidate_features.py's order), or its logit.
+void features(float* out, bool normalised, float logit, float top1, float lse, int64_t rank,
+              int64_t trained_top_k) {
+  out[0] = logit;
+  if (!normalised) return;
+  out[1] = logit - lse;
+  out[2] = std::exp(out[1]);
+  out[3] = logit - top1;
+  out[4] = static_cast<float>(rank) / static_cast<float>(trained_top_k);
+  out[5] = rank == 0 ? 1.0f : 0.0f;
+  out[6] = 0.0f;
+}
+
+const float* ptr(const Weights& w, const char* name) {
+  auto found = w.find(name);
+  return found == w.end() ? nullptr : found->second.data_ptr<float>();
+}
+
+// log P(b | a) for each of `count` successors b, from the sorted pair codes a * vocab + b, else
+// a's unseen value. a's codes are one run of the table: found once, then searched per b (a
+// search over the whole table is ~17 cache misses a lookup once the draft pass has run).
+void counted(const Weights& w, int64_t a, const int64_t* successors, int64_t count, float* out) {
+  const torch::Tensor& codes = w.at("codes");
+  const int64_t vocab = w.at("unseen").size(0);
+  const int64_t* table = codes.data_ptr<int64_t>();
+  const int64_t* first = std::lower_bound(table, table + codes.numel(), a * vocab);
+  const int64_t* last = std::lower_bound(first, table + codes.numel(), (a + 1) * vocab);
+  const float* log_probs = w.at("log_probs").data_ptr<float>();
+  const float unseen = w.at("unseen").data_ptr<float>()[a];
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t code = a * vocab + successors[i];
+    const int64_t* at = std::lower_bound(first, last, code);
+    out[i] = at != last && *at == code ? log_probs[at - table] : unseen;
+  }
+}
+
+struct Block {  // one request's walk inputs; slot' 0 is the anchor where the corrector has one
+  const float* logits;  // [slots, K] candidate logits (real slots)
+  const int64_t* ids;   // [slots', K] candidate token ids
+  const float* cand;    // [slots', K, width + F] z and features
+  const float* to_pre;  // [pairs, K, width]
+  const float* pair_pre;  // [pairs, width]
+  const float* query_pair;  // [pairs, width] or null
+};
+
+// S[pair, a, :] [K] into `scores`.
+void walk_row(const Weights& w, const Block& block, int64_t pair, int64_t a, int64_t top_k,
+              int64_t width, int64_t in, bool anchor, float query_scale, float* scores) {
+  std::vector<float> base(width), query(width), pre(width), counts(top_k, 0.0f);
+  const float* chosen = block.cand + (pair * top_k + a) * in;
+  matvec(ptr(w, "delta_from"), chosen, width, in, base.data());
+  for (int64_t j = 0; j < width; ++j) base[j] += block.pair_pre[pair * width + j];
+  const float* query_from = ptr(w, "query_from");
+  if (query_from != nullptr) {
+    matvec(query_from, chosen, width, width, query.data());  // reads z, the first width inputs
+    for (int64_t j = 0; j < width; ++j) query[j] = silu(query[j] + block.query_pair[pair * width + j]);
+  }
+  const float* bigram_in = ptr(w, "bigram_in");
+  const int64_t* to_ids = block.ids + (pair + 1) * top_k;
+  if (bigram_in != nullptr) counted(w, block.ids[pair * top_k + a], to_ids, top_k, counts.data());
+  const float* out_w = ptr(w, "out_w");
+  const float out_b = ptr(w, "out_b")[0];
+  const int64_t slot = anchor ? pair : pair + 1;
+  for (int64_t b = 0; b < top_k; ++b) {
+    const float* to = block.to_pre + (pair * top_k + b) * width;
+    const float scaled = std::max(counts[b], -30.0f) / 10.0f;
+    float delta = 0.0f;
+#pragma omp simd reduction(+ : delta)
+    for (int64_t j = 0; j < width; ++j) {
+      float value = base[j] + to[j];
+      if (bigram_in != nullptr) value += scaled * bigram_in[j];
+      delta += silu(value) * out_w[j];
+    }
+    delta += out_b;
+    if (query_from != nullptr) delta += dot(query.data(), ptr(w, "successors") + to_ids[b] * width, width) * query_scale;
+    if (bigram_in != nullptr) delta += ptr(w, "bigram_scale")[std::min<int64_t>(pair, 15)] * counts[b];
+    scores[b] = block.logits[slot * top_k + b] + delta;
+  }
+}
+
+int64_t first_argmax(const float* values, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i) {
+    if (values[i] > values[best]) best = i;
+  }
+  return best;
+}
+
+struct Shape {
+  int64_t batch, slots, columns, top_k, trained_top_k, width, feature_width, in, walked, pairs;
+  bool normalised, anchor;
+};
+
+struct Candidates {
+  torch::Tensor logits;   // [batch, slots, K] fp32, descending
+  torch::Tensor columns;  // [batch, slots, K] their logits' columns
+  std::vector<float> lse;  // [batch * slots] log normalisers (normalised features)
+};
+
+// 1. Each slot's top-K and log normaliser.
+void top_candidates(const torch::Tensor& logits, const Shape& n, Candidates& out) {
+  const float* rows = logits.data_ptr<float>();
+  float* values = out.logits.data_ptr<float>();
+  int64_t* columns = out.columns.data_ptr<int64_t>();
+  for (int64_t row = 0; row < n.batch * n.slots; ++row) {
+    float* top = values + row * n.top_k;
+    row_top(rows + row * n.columns, n.columns, n.top_k, top, columns + row * n.top_k);
+    if (n.normalised) out.lse[row] = log_sum_exp(rows + row * n.columns, n.columns, top[0]);
+  }
+}
+
+struct PairParts {
+  torch::Tensor slot_pre;    // [batch, slots', width] W_h h + b, before each candidate's E row
+  torch::Tensor pair_pre;    // [batch, pairs, width] delta's pair block and bias
+  torch::Tensor query_pair;  // [batch, pairs, width] the query's pair block and bias (or none)
+};
+
+// 1'. What depends on the hidden states alone: the slot projection and the pair state's parts.
+void pair_parts(const Weights& w, const torch::Tensor& walk_hidden, const Shape& n,
+                PairParts& out) {
+  out.slot_pre = at::linear(walk_hidden, w.at("slot_w"), w.at("slot_b")).contiguous();
+  torch::Tensor state = torch::zeros({n.batch, n.pairs, n.width}, walk_hidden.options());
+  if (w.count("pair_w")) {
+    torch::Tensor both = torch::cat(
+        {walk_hidden.narrow(1, 0, n.pairs), walk_hidden.narrow(1, 1, n.pairs)}, -1);
+    state = at::linear(both, w.at("pair_w"), w.at("pair_b"));
+    state = at::silu(at::layer_norm(state, {n.width}, w.at("pair_ln_w"), w.at("pair_ln_b"),
+                                    w.at("pair_eps").item<double>()));
+  }
+  out.pair_pre = at::linear(state, w.at("delta_pair"), w.at("delta_b")).contiguous();
+  if (w.count("query_from")) {
+    out.query_pair = at::linear(state, w.at("query_pair"), w.at("query_b")).contiguous();
+  }
+}
+
+// 2. Each candidate's [z ; features], z = silu(norm(W_h h + W_e E[id])), into cand [batch,
+// slots', K, in]; slot' 0 is the anchor where the corrector has one.
+void candidate_rows(const Weights& w, const Shape& n, const Candidates& top,
+                    const torch::Tensor& slot_pre, const torch::Tensor& walk_ids,
+                    torch::Tensor& cand) {
+  const float* table = ptr(w, "token_table");
+  const float *gain = ptr(w, "cand_ln_w"), *bias = ptr(w, "cand_ln_b");
+  const float eps = w.at("candidate_eps").item<float>();
+  const float* tops = top.logits.data_ptr<float>();
+  const int64_t* ids = walk_ids.data_ptr<int64_t>();
+  float* rows = cand.data_ptr<float>();
+  at::parallel_for(0, n.batch * n.walked, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t slot = begin; slot < end; ++slot) {  // slot = b * walked + s
+      const int64_t real = n.anchor ? slot % n.walked - 1 : slot % n.walked;
+      const int64_t row = slot / n.walked * n.slots + real;
+      const float* pre = slot_pre.data_ptr<float>() + slot * n.width;
+      for (int64_t k = 0; k < n.top_k; ++k) {
+        float* out = rows + (slot * n.top_k + k) * n.in;
+        if (real < 0 && k > 0) {  // the anchor's K candidates are one token: copy the first
+          std::copy(out - n.in, out, out);
+          continue;
+        }
+        const float* embedded = table ? table + ids[slot * n.top_k + k] * n.width : nullptr;
+        for (int64_t j = 0; j < n.width; ++j) out[j] = pre[j] + (embedded ? embedded[j] : 0.0f);
+        norm_silu(out, gain, bias, n.width, eps);
+        float* feature = out + n.width;
+        if (real < 0) {  // the anchor: a certain top-1 (candidate_features.anchor_features)
+          std::fill(feature, feature + n.feature_width, 0.0f);
+          if (n.normalised) feature[2] = feature[5] = feature[6] = 1.0f;
+          continue;
+        }
+        const float* logits = tops + row * n.top_k;
+        features(feature, n.normalised, logits[k], logits[0], top.lse[row], k, n.trained_top_k);
+      }
+    }
+  });
+}
+
+// 4. One request's walk: the candidate index it picks at each slot.
+std::vector<int64_t> walk(const Weights& w, const Block& block, const Shape& n, bool from_start,
+                          float query_scale) {
+  std::vector<float> scores(n.top_k);
+  std::vector<int64_t> path;
+  int64_t index = 0, first = 0;
+  if (n.anchor) {
+    first = 1;  // pair 0 is anchor -> slot 0: its row 0 is slot 0's start scores
+    if (from_start) {
+      walk_row(w, block, 0, 0, n.top_k, n.width, n.in, n.anchor, query_scale, scores.data());
+      index = first_argmax(scores.data(), n.top_k);
+    }
+  }
+  path.push_back(index);
+  for (int64_t pair = first; pair < n.pairs; ++pair) {
+    walk_row(w, block, pair, index, n.top_k, n.width, n.in, n.anchor, query_scale, scores.data());
+    index = first_argmax(scores.data(), n.top_k);
+    path.push_back(index);
+  }
+  return path;
+}
+
+}  // namespace
+
+// Token ids [batch, slots] from logits [batch, slots, N] and hidden [batch, slots, H] (fp32,
+// contiguous), anchor_ids [batch], column_ids [N] (a draft vocabulary's token ids; empty: the
+// columns are token ids), the corrector's fp32 weights and norm eps by name (fused_walk.py).
+torch::Tensor corrector_walk(const torch::Tensor& logits, const torch::Tensor& hidden,
+                             const torch::Tensor& anchor_ids, const torch::Tensor& column_ids,
+                             const Weights& w, int64_t top_k, int64_t trained_top_k,
+                             bool normalised, bool anchor, bool from_start, double query_scale) {
+  TORCH_CHECK(logits.scalar_type() == at::kFloat && hidden.scalar_type() == at::kFloat, "fp32");
+  TORCH_CHECK(logits.is_contiguous() && hidden.is_contiguous(), "contiguous inputs expected");
+  const int64_t batch = logits.size(0), slots = logits.size(1), width = w.at("slot_b").size(0);
+  const int64_t feature_width = normalised ? 7 : 1, walked = slots + (anchor ? 1 : 0);
+  const Shape n{batch, slots, logits.size(2), top_k, trained_top_k, width, feature_width,
+                width + feature_width, walked, walked - 1, normalised, anchor};
+  const torch::Tensor walk_hidden =  // the anchor: a virtual slot before slot 0, slot 0's state
+      anchor ? torch::cat({hidden.narrow(1, 0, 1), hidden}, 1) : hidden;
+  Candidates top{torch::empty({batch, slots, top_k}, logits.options()),
+                 torch::empty({batch, slots, top_k}, anchor_ids.options()),
+                 std::vector<float>(batch * slots, 0.0f)};
+  PairParts parts;
+  // the two cores at once: the vocabulary scan, and the products whose weights come from memory
+  at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      if (task == 0) top_candidates(logits, n, top);
+      if (task == 1) pair_parts(w, walk_hidden, n, parts);
+    }
+  });
+  torch::Tensor ids = column_ids.numel() ? column_ids.index({top.columns}) : top.columns;
+  torch::Tensor walk_ids = ids;
+  if (anchor) {
+    walk_ids = torch::cat({anchor_ids.view({batch, 1, 1}).expand({batch, 1, top_k}), ids}, 1);
+  }
+  walk_ids = walk_ids.contiguous();
+  torch::Tensor cand = torch::empty({batch, walked, top_k, n.in}, logits.options());
+  candidate_rows(w, n, top, parts.slot_pre, walk_ids, cand);
+  // 3. the successors' part of delta's first layer, every candidate at once
+  torch::Tensor to_pre = at::matmul(cand.narrow(1, 1, n.pairs), w.at("delta_to").t()).contiguous();
+  torch::Tensor tokens = torch::empty({batch, slots}, anchor_ids.options());
+  for (int64_t b = 0; b < batch; ++b) {
+    const Block block{top.logits.data_ptr<float>() + b * slots * top_k,
+                      walk_ids.data_ptr<int64_t>() + b * walked * top_k,
+                      cand.data_ptr<float>() + b * walked * top_k * n.in,
+                      to_pre.data_ptr<float>() + b * n.pairs * top_k * width,
+                      parts.pair_pre.data_ptr<float>() + b * n.pairs * width,
+                      parts.query_pair.defined()
+                          ? parts.query_pair.data_ptr<float>() + b * n.pairs * width
+                          : nullptr};
+    const std::vector<int64_t> path = walk(w, block, n, from_start, static_cast<float>(query_scale));
+    const int64_t* candidate_ids = ids.data_ptr<int64_t>() + b * slots * top_k;
+    int64_t* out = tokens.data_ptr<int64_t>() + b * slots;
+    for (int64_t s = 0; s < slots; ++s) out[s] = candidate_ids[s * top_k + path[s]];
+  }
+  return tokens;
+}
