@@ -82,3 +82,20 @@ def test_head_select_with_fused_calls_the_walk_and_compiles_nothing(monkeypatch)
         expected = corrector.select(hidden, logits, anchors, "greedy")
     assert torch.equal(select(hidden, logits, anchors), expected)
     assert select.fused and select.setup_s == 0.0
+
+
+def test_weights_that_bf16_holds_are_read_as_bf16_for_the_same_picks():
+    """A corrector loaded from a checkpoint (stored in bf16) holds bf16 values in fp32: its
+    products' matrices are kept in bf16, and the picks stay the fp32 walk's."""
+    flags = dict(features="normalised", successor_query=True, anchor=True)
+    corrector = trained_looking(flags, True, torch.float32)
+    with torch.no_grad():
+        for parameter in corrector.parameters():
+            parameter.copy_(parameter.bfloat16().float())
+    walk = FusedWalk(corrector, "greedy", None)
+    assert walk.weights["pair_w"].dtype == walk.weights["delta_to"].dtype == torch.bfloat16
+    assert walk.weights["delta_b"].dtype == torch.float32  # vectors stay fp32
+    hidden, logits, anchors = block(24, 5, VOCAB, seed=8)
+    with torch.no_grad():
+        expected = corrector.select(hidden, logits, anchors, "greedy")
+    assert torch.equal(walk(hidden, logits, anchors), expected)

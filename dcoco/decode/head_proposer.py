@@ -77,8 +77,10 @@ class HeadProposer(DFlashProposer):
         # C++ call where the kernels build, else compiled; the sequential heads are a few per
         # slot, and not compiled here
         compile_head = compile_head and head.kind == "dcoco"
-        self.select = HeadSelect(head, self.selection, columns, self.num_draft_tokens,
-                                 compile=compile_head, batch_sizes=(1,), fused=fused_walk)  # fmt: skip
+        self.select = HeadSelect(
+            head, self.selection, columns, self.num_draft_tokens, compile=compile_head,
+            batch_sizes=(1,), fused=fused_walk,
+        )  # fmt: skip
 
     @torch.inference_mode()
     def propose(self, context: DraftContext) -> Proposal:

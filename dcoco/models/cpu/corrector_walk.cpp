@@ -1,17 +1,19 @@
 // The DCOCO corrector's prefix-first walk in one call (dcoco.models.heads.fused_walk).
 //
 // Eagerly the walk is ~300 small operators and compiled it still cost 1.3 ms at 4 slots on a
-// 2-core Zen 4; the arithmetic is ~2 M multiply-adds. Here the four products over every slot or
-// candidate (slot projection, pair state, delta's and the query's pair parts, the successors'
-// first layer) are one ATen matmul each, and the rest runs in plain loops: the top-K and log
-// normaliser of each slot's logits, the candidates' representations, and the walk itself, which
-// computes S[p, a, :] only for the candidate a it chose at p (K scores per slot, not K x K).
+// 2-core Zen 4, for ~5 M multiply-adds. Here it is: the top-K and log normaliser of each slot's
+// logits, the candidates' representations, the products over every slot or candidate (slot
+// projection, pair state, delta's and the query's pair parts, the successors' part of delta's
+// first layer: few_rows.h, which reads each weight once), and the walk itself, which computes
+// S[p, a, :] only for the candidate a it chose at p (K scores per slot, not K x K).
 // Everything is fp32. The picks equal the batched walk's in fp32 except where two scores lie
 // within rounding (tests/test_fused_walk.py); either pick is verified, so output is unchanged.
 
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
+
+#include "few_rows.h"
 
 #include <algorithm>
 #include <cmath>
@@ -49,34 +51,6 @@ inline float poly_exp(float x) {
 }
 
 inline float silu(float x) { return x / (1.0f + poly_exp(-x)); }
-
-inline float dot(const float* a, const float* b, int64_t n) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
-  return sum;
-}
-
-// out[r] = weight[r, :] . x for weight [rows, n], row-major; four rows share each load of x.
-void matvec(const float* weight, const float* x, int64_t rows, int64_t n, float* out) {
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) {
-    const float *w0 = weight + r * n, *w1 = w0 + n, *w2 = w1 + n, *w3 = w2 + n;
-    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
-    for (int64_t i = 0; i < n; ++i) {
-      s0 += w0[i] * x[i];
-      s1 += w1[i] * x[i];
-      s2 += w2[i] * x[i];
-      s3 += w3[i] * x[i];
-    }
-    out[r] = s0;
-    out[r + 1] = s1;
-    out[r + 2] = s2;
-    out[r + 3] = s3;
-  }
-  for (; r < rows; ++r) out[r] = dot(weight + r * n, x, n);
-}
 
 // The k largest values of row[0, n) descending and their columns (an equal value after the ones
 // kept); chunks of 16 whose maximum cannot enter are skipped after one vector reduction.
@@ -175,11 +149,11 @@ void walk_row(const Weights& w, const Block& block, int64_t pair, int64_t a, int
               int64_t width, int64_t in, bool anchor, float query_scale, float* scores) {
   std::vector<float> base(width), query(width), pre(width), counts(top_k, 0.0f);
   const float* chosen = block.cand + (pair * top_k + a) * in;
-  matvec(ptr(w, "delta_from"), chosen, width, in, base.data());
+  dcoco_rows::linear(chosen, 1, w.at("delta_from"), torch::Tensor(), base.data());
   for (int64_t j = 0; j < width; ++j) base[j] += block.pair_pre[pair * width + j];
-  const float* query_from = ptr(w, "query_from");
-  if (query_from != nullptr) {
-    matvec(query_from, chosen, width, width, query.data());  // reads z, the first width inputs
+  const bool query_term = w.count("query_from") > 0;
+  if (query_term) {  // the query reads z, the first width inputs
+    dcoco_rows::linear(chosen, 1, w.at("query_from"), torch::Tensor(), query.data());
     for (int64_t j = 0; j < width; ++j) query[j] = silu(query[j] + block.query_pair[pair * width + j]);
   }
   const float* bigram_in = ptr(w, "bigram_in");
@@ -199,7 +173,7 @@ void walk_row(const Weights& w, const Block& block, int64_t pair, int64_t a, int
       delta += silu(value) * out_w[j];
     }
     delta += out_b;
-    if (query_from != nullptr) delta += dot(query.data(), ptr(w, "successors") + to_ids[b] * width, width) * query_scale;
+    if (query_term) delta += dcoco_rows::dot(query.data(), ptr(w, "successors") + to_ids[b] * width, width) * query_scale;
     if (bigram_in != nullptr) delta += ptr(w, "bigram_scale")[std::min<int64_t>(pair, 15)] * counts[b];
     scores[b] = block.logits[slot * top_k + b] + delta;
   }
@@ -224,16 +198,18 @@ struct Candidates {
   std::vector<float> lse;  // [batch * slots] log normalisers (normalised features)
 };
 
-// 1. Each slot's top-K and log normaliser.
+// 1. Each slot's top-K and log normaliser, slots split over the threads.
 void top_candidates(const torch::Tensor& logits, const Shape& n, Candidates& out) {
   const float* rows = logits.data_ptr<float>();
   float* values = out.logits.data_ptr<float>();
   int64_t* columns = out.columns.data_ptr<int64_t>();
-  for (int64_t row = 0; row < n.batch * n.slots; ++row) {
-    float* top = values + row * n.top_k;
-    row_top(rows + row * n.columns, n.columns, n.top_k, top, columns + row * n.top_k);
-    if (n.normalised) out.lse[row] = log_sum_exp(rows + row * n.columns, n.columns, top[0]);
-  }
+  at::parallel_for(0, n.batch * n.slots, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      float* top = values + row * n.top_k;
+      row_top(rows + row * n.columns, n.columns, n.top_k, top, columns + row * n.top_k);
+      if (n.normalised) out.lse[row] = log_sum_exp(rows + row * n.columns, n.columns, top[0]);
+    }
+  });
 }
 
 struct PairParts {
@@ -243,21 +219,36 @@ struct PairParts {
 };
 
 // 1'. What depends on the hidden states alone: the slot projection and the pair state's parts.
-void pair_parts(const Weights& w, const torch::Tensor& walk_hidden, const Shape& n,
-                PairParts& out) {
-  out.slot_pre = at::linear(walk_hidden, w.at("slot_w"), w.at("slot_b")).contiguous();
-  torch::Tensor state = torch::zeros({n.batch, n.pairs, n.width}, walk_hidden.options());
-  if (w.count("pair_w")) {
-    torch::Tensor both = torch::cat(
-        {walk_hidden.narrow(1, 0, n.pairs), walk_hidden.narrow(1, 1, n.pairs)}, -1);
-    state = at::linear(both, w.at("pair_w"), w.at("pair_b"));
-    state = at::silu(at::layer_norm(state, {n.width}, w.at("pair_ln_w"), w.at("pair_ln_b"),
-                                    w.at("pair_eps").item<double>()));
+PairParts pair_parts(const Weights& w, const torch::Tensor& walk_hidden, const Shape& n) {
+  const auto fp32 = walk_hidden.options();
+  const int64_t hidden = walk_hidden.size(2), pairs = n.batch * n.pairs;
+  PairParts out{torch::empty({n.batch, n.walked, n.width}, fp32),
+                torch::empty({n.batch, n.pairs, n.width}, fp32), torch::Tensor()};
+  dcoco_rows::linear(walk_hidden.data_ptr<float>(), n.batch * n.walked, w.at("slot_w"),
+                     w.at("slot_b"), out.slot_pre.data_ptr<float>());
+  torch::Tensor state = torch::zeros({n.batch, n.pairs, n.width}, fp32);
+  if (w.count("pair_w")) {  // s_p = silu(norm(W [h_p ; h_p+1] + b))
+    std::vector<float> both(pairs * 2 * hidden);
+    const float* states = walk_hidden.data_ptr<float>();
+    for (int64_t i = 0; i < pairs; ++i) {
+      const float* h = states + (i / n.pairs * n.walked + i % n.pairs) * hidden;
+      std::copy(h, h + 2 * hidden, both.data() + i * 2 * hidden);  // slots p and p + 1
+    }
+    float* rows = state.data_ptr<float>();
+    dcoco_rows::linear(both.data(), pairs, w.at("pair_w"), w.at("pair_b"), rows);
+    const float eps = w.at("pair_eps").item<float>();
+    for (int64_t i = 0; i < pairs; ++i) {
+      norm_silu(rows + i * n.width, ptr(w, "pair_ln_w"), ptr(w, "pair_ln_b"), n.width, eps);
+    }
   }
-  out.pair_pre = at::linear(state, w.at("delta_pair"), w.at("delta_b")).contiguous();
+  dcoco_rows::linear(state.data_ptr<float>(), pairs, w.at("delta_pair"), w.at("delta_b"),
+                     out.pair_pre.data_ptr<float>());
   if (w.count("query_from")) {
-    out.query_pair = at::linear(state, w.at("query_pair"), w.at("query_b")).contiguous();
+    out.query_pair = torch::empty({n.batch, n.pairs, n.width}, fp32);
+    dcoco_rows::linear(state.data_ptr<float>(), pairs, w.at("query_pair"), w.at("query_b"),
+                       out.query_pair.data_ptr<float>());
   }
+  return out;
 }
 
 // 2. Each candidate's [z ; features], z = silu(norm(W_h h + W_e E[id])), into cand [batch,
@@ -336,18 +327,12 @@ torch::Tensor corrector_walk(const torch::Tensor& logits, const torch::Tensor& h
   const Shape n{batch, slots, logits.size(2), top_k, trained_top_k, width, feature_width,
                 width + feature_width, walked, walked - 1, normalised, anchor};
   const torch::Tensor walk_hidden =  // the anchor: a virtual slot before slot 0, slot 0's state
-      anchor ? torch::cat({hidden.narrow(1, 0, 1), hidden}, 1) : hidden;
+      anchor ? torch::cat({hidden.narrow(1, 0, 1), hidden}, 1).contiguous() : hidden;
   Candidates top{torch::empty({batch, slots, top_k}, logits.options()),
                  torch::empty({batch, slots, top_k}, anchor_ids.options()),
                  std::vector<float>(batch * slots, 0.0f)};
-  PairParts parts;
-  // the two cores at once: the vocabulary scan, and the products whose weights come from memory
-  at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t task = begin; task < end; ++task) {
-      if (task == 0) top_candidates(logits, n, top);
-      if (task == 1) pair_parts(w, walk_hidden, n, parts);
-    }
-  });
+  top_candidates(logits, n, top);
+  const PairParts parts = pair_parts(w, walk_hidden, n);
   torch::Tensor ids = column_ids.numel() ? column_ids.index({top.columns}) : top.columns;
   torch::Tensor walk_ids = ids;
   if (anchor) {
@@ -357,7 +342,12 @@ torch::Tensor corrector_walk(const torch::Tensor& logits, const torch::Tensor& h
   torch::Tensor cand = torch::empty({batch, walked, top_k, n.in}, logits.options());
   candidate_rows(w, n, top, parts.slot_pre, walk_ids, cand);
   // 3. the successors' part of delta's first layer, every candidate at once
-  torch::Tensor to_pre = at::matmul(cand.narrow(1, 1, n.pairs), w.at("delta_to").t()).contiguous();
+  torch::Tensor to_pre = torch::empty({batch, n.pairs, top_k, width}, logits.options());
+  for (int64_t b = 0; b < batch; ++b) {  // slots' 1.. of each request
+    dcoco_rows::linear(cand.data_ptr<float>() + (b * walked + 1) * top_k * n.in, n.pairs * top_k,
+                       w.at("delta_to"), torch::Tensor(),
+                       to_pre.data_ptr<float>() + b * n.pairs * top_k * width);
+  }
   torch::Tensor tokens = torch::empty({batch, slots}, anchor_ids.options());
   for (int64_t b = 0; b < batch; ++b) {
     const Block block{top.logits.data_ptr<float>() + b * slots * top_k,

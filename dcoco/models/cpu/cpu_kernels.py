@@ -40,7 +40,9 @@ KERNEL_FILES = (
 )
 SOURCES = [Path(__file__).with_name(name) for name in KERNEL_FILES]
 # included by the sources: in the digest
-HEADERS = [Path(__file__).with_name(name) for name in ("vector_math.h", "int4_dot_avx2.h")]
+HEADERS = [
+    Path(__file__).with_name(name) for name in ("vector_math.h", "int4_dot_avx2.h", "few_rows.h")
+]
 SWITCH = "DCOCO_CPU_KERNELS"  # `off`: PyTorch's operators only
 # the -march the kernels are built for: this CPU's own (`native`) unless set, e.g. `haswell` to
 # build and test the AVX2 paths (no AVX-512) on a machine that has AVX-512

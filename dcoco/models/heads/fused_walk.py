@@ -8,7 +8,9 @@ pair, S[p, k[p], :], for the candidate k[p] the walk chose (K scores per slot, n
 batched K x K form stays for training, for the path rules, and for GPUs.
 
 It computes in fp32 from fp32 copies of the corrector's weights and vocabulary tables, made once
-here: a corrector kept in bf16 walks in fp32 too. Its picks equal the batched fp32 walk's except
+here (a corrector kept in bf16 walks in fp32 too); a product's matrix that bf16 holds exactly, as
+a checkpoint's does, is kept in bf16 and widened as it is read (the same products, from half the
+bytes: in decoding they come from memory). Its picks equal the batched fp32 walk's except
 where two scores are within rounding of each other (tests/test_fused_walk.py); a draft is verified
 whatever it picks, so output is unchanged. Our engine uses it on a CPU where the kernels build;
 the vLLM plugin keeps the compiled `select` (no kernel build inside a serving worker).
@@ -22,6 +24,9 @@ from torch import Tensor
 from dcoco.models.cpu import cpu_kernels
 from dcoco.models.heads.corrector import Corrector
 from dcoco.models.heads.selection import DEFAULT_SELECTION, WALKS, split_selection
+
+# the products' weights (few_rows.h reads them in fp32 or bf16)
+MATRICES = ("slot_w", "pair_w", "delta_pair", "delta_from", "delta_to", "query_pair", "query_from")
 
 
 class FusedWalk:
@@ -95,10 +100,19 @@ def fp32_weights(corrector: Corrector) -> dict[str, Tensor]:
         weights |= {"codes": counts.codes.long(), "log_probs": counts.log_probs,
                     "unseen": counts.unseen, "bigram_in": corrector.bigram_in,
                     "bigram_scale": corrector.bigram_scale}  # fmt: skip
-    return {
-        name: tensor.detach().to(torch.long if name == "codes" else torch.float32).contiguous()
-        for name, tensor in weights.items()
-    }
+    return {name: _stored(name, tensor.detach()) for name, tensor in weights.items()}
+
+
+def _stored(name: str, tensor: Tensor) -> Tensor:
+    """A weight as corrector_walk.cpp reads it: a product's matrix in bf16 where bf16 holds it
+    exactly (a corrector loaded from a checkpoint, stored in bf16: half the bytes from memory for
+    the same products), else fp32; the pair codes int64."""
+    if name == "codes":
+        return tensor.long().contiguous()
+    tensor = tensor.float()
+    if name in MATRICES and torch.equal(tensor.bfloat16().float(), tensor):
+        return tensor.bfloat16().contiguous()
+    return tensor.contiguous()
 
 
 def _tabled(embedding: Tensor, projection: Tensor) -> Tensor:
