@@ -13,9 +13,11 @@ import torch
 from torch import nn
 
 from dcoco.contracts import Proposal
+from dcoco.decode.correction_gate import CorrectionGate
 from dcoco.decode.dflash_proposer import DFlashProposer
 from dcoco.decode.proposers import DraftContext
 from dcoco.errors import DcocoError
+from dcoco.models.cpu.row_reduce import row_argmax
 from dcoco.models.drafter.drafter import BlockDrafter
 from dcoco.models.heads.head_compile import HeadSelect
 from dcoco.models.heads.selection import check_selection
@@ -33,12 +35,14 @@ class HeadProposer(DFlashProposer):
         compile_head: bool = False,
         sampled_drafts: bool = False,
         fused_walk: bool = True,
+        correction_gate: bool = False,
     ):
         """`selection`: the corrector's rule (dcoco.models.heads.selection); None = its default.
         `acceptance_prior`: as for DFlashProposer. `compile_head`: a DCOCO corrector's pick
         compiled (dcoco.models.heads.head_compile) on the first draft, where `fused_walk` does
         not run its walk as one C++ call (dcoco.models.heads.fused_walk: on a CPU where the
-        kernels build)."""
+        kernels build). `correction_gate`: a DCOCO corrector corrects a greedy cycle only at
+        draft lengths where its measured gain pays for its cost (dcoco.decode.correction_gate)."""
         super().__init__(drafter, num_draft_tokens, acceptance_prior, sampled_drafts)
         head_hidden = getattr(head.config, "hidden_size", drafter.config.hidden_size)
         if head_hidden != drafter.config.hidden_size:
@@ -77,17 +81,29 @@ class HeadProposer(DFlashProposer):
         # C++ call where the kernels build, else compiled; the sequential heads are a few per
         # slot, and not compiled here
         compile_head = compile_head and head.kind == "dcoco"
+        self.gate = CorrectionGate() if correction_gate and head.kind == "dcoco" else None
         self.select = HeadSelect(
             head, self.selection, columns, self.num_draft_tokens, compile=compile_head,
             batch_sizes=(1,), fused=fused_walk,
         )  # fmt: skip
 
+    def start(self, prompt_ids: list[int]) -> None:
+        super().start(prompt_ids)
+        if self.gate is not None:
+            self.gate.start()
+
     @torch.inference_mode()
     def propose(self, context: DraftContext) -> Proposal:
+        started = time.perf_counter()
         # Cut to this cycle's slots first, so path rules weigh only the slots proposed.
         logits, hidden = self.draft_block(context)  # [batch, slots, vocab], [batch, slots, hidden]
         if self.sampled_drafts and context.sampled:
             return self.sampled_proposal(logits, context)
+        gate = self.gate if not context.sampled else None
+        if gate is not None:
+            gate.observe(context.tokens)
+            if not gate.should_correct(logits.shape[1]):
+                return Proposal(draft_tokens=self.drafter.token_ids(row_argmax(logits)))
         tick = time.perf_counter()
         anchor_ids = context.tokens[-1:].expand(logits.shape[0])  # [batch]
         setup_before = self.select.setup_s
@@ -95,5 +111,10 @@ class HeadProposer(DFlashProposer):
         if draft_tokens.is_cuda:
             torch.cuda.synchronize(draft_tokens.device)
         setup_s = self.select.setup_s - setup_before  # compiled in this call: not a cost
+        if gate is not None:  # what the argmax would have drafted, to score this cycle by
+            argmax = self.drafter.token_ids(row_argmax(logits))[0].tolist()
         correct_s = time.perf_counter() - tick - setup_s
+        if gate is not None:
+            position = context.tokens.shape[0]
+            gate.drafted(position, draft_tokens[0].tolist(), argmax, correct_s, started)
         return Proposal(draft_tokens=draft_tokens, correct_s=correct_s, setup_s=setup_s)

@@ -52,6 +52,8 @@ class MethodOptions:
         False  # the DCOCO corrector's pick compiled (dcoco.models.heads.head_compile)
     )
     sampled_drafts: bool = False  # sampled requests draw drafts (dcoco.decode.sampled_drafts)
+    # dcoco corrects at a draft length only while it pays (dcoco.decode.correction_gate)
+    correction_gate: bool = False
 
 
 @dataclass(frozen=True)
@@ -234,4 +236,5 @@ def build_proposer(method: str, target: TargetModel, options: MethodOptions) -> 
         acceptance_prior=prior,
         compile_head=options.compile_head,
         sampled_drafts=options.sampled_drafts,
+        correction_gate=options.correction_gate,
     )

@@ -44,6 +44,7 @@ class DecodeConfig:
     draft_block: str = "drafted"  # drafter pass rows: drafted (anchor + drafts) | full (block)
     compile_head: bool = True  # compile the DCOCO corrector's pick (torch.compile, first draft)
     sampled_drafts: bool = True  # at T > 0 draw drafts from the drafter's distribution, not argmax
+    correction_gate: bool = True  # dcoco, T = 0: correct only at draft lengths where it pays
 
     def sampling(self, temperature: float = 0.0) -> SamplingParams:
         return SamplingParams(temperature=temperature, top_p=self.top_p, top_k=self.top_k)
@@ -59,6 +60,7 @@ class DecodeConfig:
             draft_block=check_draft_block(self.draft_block),
             compile_head=self.compile_head,
             sampled_drafts=self.sampled_drafts,
+            correction_gate=self.correction_gate,
         )
 
     def fixed_draft_tokens(self) -> int | None:
