@@ -149,11 +149,11 @@ void walk_row(const Weights& w, const Block& block, int64_t pair, int64_t a, int
               int64_t width, int64_t in, bool anchor, float query_scale, float* scores) {
   std::vector<float> base(width), query(width), pre(width), counts(top_k, 0.0f);
   const float* chosen = block.cand + (pair * top_k + a) * in;
-  dcoco_rows::linear(chosen, 1, w.at("delta_from"), torch::Tensor(), base.data());
+  dcoco_rows::linear(chosen, 1, w.at("delta_from"), width, torch::Tensor(), base.data());
   for (int64_t j = 0; j < width; ++j) base[j] += block.pair_pre[pair * width + j];
   const bool query_term = w.count("query_from") > 0;
   if (query_term) {  // the query reads z, the first width inputs
-    dcoco_rows::linear(chosen, 1, w.at("query_from"), torch::Tensor(), query.data());
+    dcoco_rows::linear(chosen, 1, w.at("query_from"), width, torch::Tensor(), query.data());
     for (int64_t j = 0; j < width; ++j) query[j] = silu(query[j] + block.query_pair[pair * width + j]);
   }
   const float* bigram_in = ptr(w, "bigram_in");
@@ -224,7 +224,7 @@ PairParts pair_parts(const Weights& w, const torch::Tensor& walk_hidden, const S
   const int64_t hidden = walk_hidden.size(2), pairs = n.batch * n.pairs;
   PairParts out{torch::empty({n.batch, n.walked, n.width}, fp32),
                 torch::empty({n.batch, n.pairs, n.width}, fp32), torch::Tensor()};
-  dcoco_rows::linear(walk_hidden.data_ptr<float>(), n.batch * n.walked, w.at("slot_w"),
+  dcoco_rows::linear(walk_hidden.data_ptr<float>(), n.batch * n.walked, w.at("slot_w"), n.width,
                      w.at("slot_b"), out.slot_pre.data_ptr<float>());
   torch::Tensor state = torch::zeros({n.batch, n.pairs, n.width}, fp32);
   if (w.count("pair_w")) {  // s_p = silu(norm(W [h_p ; h_p+1] + b))
@@ -235,18 +235,18 @@ PairParts pair_parts(const Weights& w, const torch::Tensor& walk_hidden, const S
       std::copy(h, h + 2 * hidden, both.data() + i * 2 * hidden);  // slots p and p + 1
     }
     float* rows = state.data_ptr<float>();
-    dcoco_rows::linear(both.data(), pairs, w.at("pair_w"), w.at("pair_b"), rows);
+    dcoco_rows::linear(both.data(), pairs, w.at("pair_w"), n.width, w.at("pair_b"), rows);
     const float eps = w.at("pair_eps").item<float>();
     for (int64_t i = 0; i < pairs; ++i) {
       norm_silu(rows + i * n.width, ptr(w, "pair_ln_w"), ptr(w, "pair_ln_b"), n.width, eps);
     }
   }
-  dcoco_rows::linear(state.data_ptr<float>(), pairs, w.at("delta_pair"), w.at("delta_b"),
+  dcoco_rows::linear(state.data_ptr<float>(), pairs, w.at("delta_pair"), n.width, w.at("delta_b"),
                      out.pair_pre.data_ptr<float>());
   if (w.count("query_from")) {
     out.query_pair = torch::empty({n.batch, n.pairs, n.width}, fp32);
-    dcoco_rows::linear(state.data_ptr<float>(), pairs, w.at("query_pair"), w.at("query_b"),
-                       out.query_pair.data_ptr<float>());
+    dcoco_rows::linear(state.data_ptr<float>(), pairs, w.at("query_pair"), n.width,
+                       w.at("query_b"), out.query_pair.data_ptr<float>());
   }
   return out;
 }
@@ -345,7 +345,7 @@ torch::Tensor corrector_walk(const torch::Tensor& logits, const torch::Tensor& h
   torch::Tensor to_pre = torch::empty({batch, n.pairs, top_k, width}, logits.options());
   for (int64_t b = 0; b < batch; ++b) {  // slots' 1.. of each request
     dcoco_rows::linear(cand.data_ptr<float>() + (b * walked + 1) * top_k * n.in, n.pairs * top_k,
-                       w.at("delta_to"), torch::Tensor(),
+                       w.at("delta_to"), width, torch::Tensor(),
                        to_pre.data_ptr<float>() + b * n.pairs * top_k * width);
   }
   torch::Tensor tokens = torch::empty({batch, slots}, anchor_ids.options());

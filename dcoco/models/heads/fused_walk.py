@@ -25,7 +25,8 @@ from dcoco.models.cpu import cpu_kernels
 from dcoco.models.heads.corrector import Corrector
 from dcoco.models.heads.selection import DEFAULT_SELECTION, WALKS, split_selection
 
-# the products' weights (few_rows.h reads them in fp32 or bf16)
+# the products' weights (few_rows.h reads them in fp32 or bf16, by blocks of BLOCK outputs)
+BLOCK = 32
 MATRICES = ("slot_w", "pair_w", "delta_pair", "delta_from", "delta_to", "query_pair", "query_from")
 
 
@@ -104,15 +105,23 @@ def fp32_weights(corrector: Corrector) -> dict[str, Tensor]:
 
 
 def _stored(name: str, tensor: Tensor) -> Tensor:
-    """A weight as corrector_walk.cpp reads it: a product's matrix in bf16 where bf16 holds it
-    exactly (a corrector loaded from a checkpoint, stored in bf16: half the bytes from memory for
-    the same products), else fp32; the pair codes int64."""
+    """A weight as corrector_walk.cpp reads it: a product's matrix by blocks, in bf16 where bf16
+    holds it exactly (a corrector loaded from a checkpoint, stored in bf16: half the bytes from
+    memory for the same products), else fp32; the pair codes int64."""
     if name == "codes":
         return tensor.long().contiguous()
     tensor = tensor.float()
-    if name in MATRICES and torch.equal(tensor.bfloat16().float(), tensor):
-        return tensor.bfloat16().contiguous()
-    return tensor.contiguous()
+    if name not in MATRICES:
+        return tensor.contiguous()
+    # [blocks, in, BLOCK]: few_rows.h reads each block of BLOCK outputs as one stream
+    outputs, inputs = tensor.shape
+    padded = torch.zeros(-(-outputs // BLOCK) * BLOCK, inputs).index_copy_(
+        0, torch.arange(outputs), tensor
+    )
+    blocked = padded.view(-1, BLOCK, inputs).transpose(1, 2).contiguous()
+    if torch.equal(blocked.bfloat16().float(), blocked):
+        return blocked.bfloat16()
+    return blocked
 
 
 def _tabled(embedding: Tensor, projection: Tensor) -> Tensor:
