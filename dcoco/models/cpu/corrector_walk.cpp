@@ -14,6 +14,7 @@
 #include <ATen/Parallel.h>
 
 #include "few_rows.h"
+#include "row_math.h"
 
 #include <algorithm>
 #include <cmath>
@@ -26,78 +27,11 @@
 
 namespace {
 
+using dcoco_rows::log_sum_exp;
+using dcoco_rows::norm_silu;
+using dcoco_rows::row_top;
+using dcoco_rows::silu;
 using Weights = std::map<std::string, torch::Tensor>;
-
-// e^x by a degree-6 polynomial on x = n ln2 + f (vector_math.h's), in scalar code the compiler
-// vectorises (no calls, no branches); x is clamped to [-80, 88] so 2^n stays a normal number.
-inline float poly_exp(float x) {
-  x = std::min(std::max(x, -80.0f), 88.0f);
-  const float shifter = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float n = (x * 1.44269504f + shifter) - shifter;
-  float f = x - n * 0.693145751953125f;
-  f = f - n * 1.428606765330187e-06f;
-  float p = 1.0f / 720;
-  p = p * f + 1.0f / 120;
-  p = p * f + 1.0f / 24;
-  p = p * f + 1.0f / 6;
-  p = p * f + 0.5f;
-  p = p * f + 1.0f;
-  p = p * f + 1.0f;
-  int32_t bits;
-  std::memcpy(&bits, &p, sizeof bits);
-  bits += static_cast<int32_t>(n) << 23;
-  std::memcpy(&p, &bits, sizeof p);
-  return p;
-}
-
-inline float silu(float x) { return x / (1.0f + poly_exp(-x)); }
-
-// The k largest values of row[0, n) descending and their columns (an equal value after the ones
-// kept); chunks of 16 whose maximum cannot enter are skipped after one vector reduction.
-void row_top(const float* row, int64_t n, int64_t k, float* values, int64_t* columns) {
-  int64_t kept = 0;
-  for (int64_t start = 0; start < n; start += 16) {
-    const int64_t end = std::min(n, start + 16);
-    if (kept == k) {
-      float most = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : most)
-      for (int64_t i = start; i < end; ++i) most = std::max(most, row[i]);
-      if (!(most > values[k - 1])) continue;
-    }
-    for (int64_t i = start; i < end; ++i) {
-      const float value = row[i];
-      if (kept == k && !(value > values[k - 1])) continue;
-      int64_t at = kept < k ? kept++ : k - 1;
-      while (at > 0 && value > values[at - 1]) {
-        values[at] = values[at - 1];
-        columns[at] = columns[at - 1];
-        --at;
-      }
-      values[at] = value;
-      columns[at] = i;
-    }
-  }
-}
-
-float log_sum_exp(const float* row, int64_t n, float most) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) sum += poly_exp(row[i] - most);
-  return most + std::log(sum);
-}
-
-// z = silu(LayerNorm(x)) of one row, in place.
-void norm_silu(float* x, const float* gain, const float* bias, int64_t n, float eps) {
-  float mean = 0.0f, squares = 0.0f;
-#pragma omp simd reduction(+ : mean)
-  for (int64_t i = 0; i < n; ++i) mean += x[i];
-  mean /= static_cast<float>(n);
-#pragma omp simd reduction(+ : squares)
-  for (int64_t i = 0; i < n; ++i) squares += (x[i] - mean) * (x[i] - mean);
-  const float scale = 1.0f / std::sqrt(squares / static_cast<float>(n) + eps);
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) x[i] = silu((x[i] - mean) * scale * gain[i] + bias[i]);
-}
 
 // The normalised features of candidate `rank` (candidate_features.py's order), or its logit.
 void features(float* out, bool normalised, float logit, float top1, float lse, int64_t rank,
@@ -154,7 +88,8 @@ void walk_row(const Weights& w, const Block& block, int64_t pair, int64_t a, int
   const bool query_term = w.count("query_from") > 0;
   if (query_term) {  // the query reads z, the first width inputs
     dcoco_rows::linear(chosen, 1, w.at("query_from"), width, torch::Tensor(), query.data());
-    for (int64_t j = 0; j < width; ++j) query[j] = silu(query[j] + block.query_pair[pair * width + j]);
+    const float* pair_part = block.query_pair + pair * width;
+    for (int64_t j = 0; j < width; ++j) query[j] = silu(query[j] + pair_part[j]);
   }
   const float* bigram_in = ptr(w, "bigram_in");
   const int64_t* to_ids = block.ids + (pair + 1) * top_k;
@@ -173,8 +108,13 @@ void walk_row(const Weights& w, const Block& block, int64_t pair, int64_t a, int
       delta += silu(value) * out_w[j];
     }
     delta += out_b;
-    if (query_term) delta += dcoco_rows::dot(query.data(), ptr(w, "successors") + to_ids[b] * width, width) * query_scale;
-    if (bigram_in != nullptr) delta += ptr(w, "bigram_scale")[std::min<int64_t>(pair, 15)] * counts[b];
+    if (query_term) {
+      const float* successor = ptr(w, "successors") + to_ids[b] * width;
+      delta += dcoco_rows::dot(query.data(), successor, width) * query_scale;
+    }
+    if (bigram_in != nullptr) {  // the pair counts' weight of this slot pair (MAX_PAIRS = 16)
+      delta += ptr(w, "bigram_scale")[std::min<int64_t>(pair, 15)] * counts[b];
+    }
     scores[b] = block.logits[slot * top_k + b] + delta;
   }
 }
@@ -358,7 +298,8 @@ torch::Tensor corrector_walk(const torch::Tensor& logits, const torch::Tensor& h
                       parts.query_pair.defined()
                           ? parts.query_pair.data_ptr<float>() + b * n.pairs * width
                           : nullptr};
-    const std::vector<int64_t> path = walk(w, block, n, from_start, static_cast<float>(query_scale));
+    const float scale = static_cast<float>(query_scale);
+    const std::vector<int64_t> path = walk(w, block, n, from_start, scale);
     const int64_t* candidate_ids = ids.data_ptr<int64_t>() + b * slots * top_k;
     int64_t* out = tokens.data_ptr<int64_t>() + b * slots;
     for (int64_t s = 0; s < slots; ++s) out[s] = candidate_ids[s * top_k + path[s]];

@@ -41,7 +41,8 @@ KERNEL_FILES = (
 SOURCES = [Path(__file__).with_name(name) for name in KERNEL_FILES]
 # included by the sources: in the digest
 HEADERS = [
-    Path(__file__).with_name(name) for name in ("vector_math.h", "int4_dot_avx2.h", "few_rows.h")
+    Path(__file__).with_name(name)
+    for name in ("vector_math.h", "int4_dot_avx2.h", "few_rows.h", "row_math.h")
 ]
 SWITCH = "DCOCO_CPU_KERNELS"  # `off`: PyTorch's operators only
 # the -march the kernels are built for: this CPU's own (`native`) unless set, e.g. `haswell` to

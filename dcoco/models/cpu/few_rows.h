@@ -3,9 +3,9 @@
 // The corrector's products have 1-112 rows against weights of 65 K-295 K numbers, and in decoding
 // those weights come from memory: the target's forward streams 100+ MB through the caches between
 // two drafts. So the cost is reading the weights once, in order, on both cores, and then the
-// multiply-adds (`linear`). A checkpoint stores its weights in bf16, so a corrector loaded from one holds
-// weights that bf16 keeps exactly: stored so (fused_walk.py checks), they are read in half the
-// bytes for the same products.
+// multiply-adds (`linear`). A checkpoint stores its weights in bf16, so a corrector loaded from
+// one holds weights that bf16 keeps exactly: stored so (fused_walk.py checks), they are read in
+// half the bytes for the same products.
 #pragma once
 
 #include <torch/extension.h>
