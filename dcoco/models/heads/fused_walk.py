@@ -90,10 +90,14 @@ def fp32_weights(corrector: Corrector) -> dict[str, Tensor]:
                     "pair_ln_b": norm.bias, "pair_eps": torch.tensor([norm.eps])}  # fmt: skip
     embedding = corrector._shared[0].weight.float()
     if corrector.token_proj is not None:
-        weights["token_table"] = _tabled(embedding, corrector.token_proj.weight.float().t())
+        weights["token_table"] = _tabled(
+            corrector, "_token_table", embedding, corrector.token_proj.weight.float().t()
+        )
     if corrector.config.successor_query:
         query_pair, query_from = corrector.query_in.weight.split([width, width], dim=1)
-        successors = _tabled(embedding, corrector.query_out.weight.float())
+        successors = _tabled(
+            corrector, "_successor_table", embedding, corrector.query_out.weight.float()
+        )
         weights |= {"query_pair": query_pair, "query_from": query_from,
                     "query_b": corrector.query_in.bias, "successors": successors}  # fmt: skip
     if corrector.config.pair_counts:
@@ -124,7 +128,11 @@ def _stored(name: str, tensor: Tensor) -> Tensor:
     return blocked
 
 
-def _tabled(embedding: Tensor, projection: Tensor) -> Tensor:
-    """embedding [vocab, hidden] @ projection [hidden, width], in chunks of rows (the fp32
-    vocabulary table: token_proj's, or W_q2's successor side)."""
+def _tabled(corrector: Corrector, name: str, embedding: Tensor, projection: Tensor) -> Tensor:
+    """The fp32 vocabulary table embedding [vocab, hidden] @ projection [hidden, width]
+    (token_proj's, or W_q2's successor side): the corrector's own where it built one in fp32
+    (prepare_inference; not a second copy of its 50 MB), else made here in chunks of rows."""
+    built = getattr(corrector, name).table
+    if built is not None and built.dtype == torch.float32:
+        return built
     return torch.cat([rows @ projection for rows in embedding.split(4096)])

@@ -28,6 +28,11 @@ class VocabTable:
         # first steps, while another thread builds it: dcoco.models.heads.head_compile)
         self.deferred = False
 
+    @property
+    def table(self) -> Tensor | None:
+        """The table as last built (None before the first build)."""
+        return self._table
+
     def freeze(self) -> None:
         """Serve the table as built, its key no longer checked: for a head whose weights never
         change again (a served one), and so that torch.compile can trace `rows` (a data pointer
