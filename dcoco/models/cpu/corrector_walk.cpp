@@ -81,7 +81,7 @@ struct Block {  // one request's walk inputs; slot' 0 is the anchor where the co
 // S[pair, a, :] [K] into `scores`.
 void walk_row(const Weights& w, const Block& block, int64_t pair, int64_t a, int64_t top_k,
               int64_t width, int64_t in, bool anchor, float query_scale, float* scores) {
-  std::vector<float> base(width), query(width), pre(width), counts(top_k, 0.0f);
+  std::vector<float> base(width), query(width), counts(top_k, 0.0f);
   const float* chosen = block.cand + (pair * top_k + a) * in;
   dcoco_rows::linear(chosen, 1, w.at("delta_from"), width, torch::Tensor(), base.data());
   for (int64_t j = 0; j < width; ++j) base[j] += block.pair_pre[pair * width + j];
@@ -96,6 +96,9 @@ void walk_row(const Weights& w, const Block& block, int64_t pair, int64_t a, int
   if (bigram_in != nullptr) counted(w, block.ids[pair * top_k + a], to_ids, top_k, counts.data());
   const float* out_w = ptr(w, "out_w");
   const float out_b = ptr(w, "out_b")[0];
+  const float* successors = query_term ? ptr(w, "successors") : nullptr;
+  // the pair counts' weight of this slot pair (MAX_PAIRS = 16)
+  const float bigram_scale = bigram_in ? ptr(w, "bigram_scale")[std::min<int64_t>(pair, 15)] : 0.0f;
   const int64_t slot = anchor ? pair : pair + 1;
   for (int64_t b = 0; b < top_k; ++b) {
     const float* to = block.to_pre + (pair * top_k + b) * width;
@@ -109,12 +112,9 @@ void walk_row(const Weights& w, const Block& block, int64_t pair, int64_t a, int
     }
     delta += out_b;
     if (query_term) {
-      const float* successor = ptr(w, "successors") + to_ids[b] * width;
-      delta += dcoco_rows::dot(query.data(), successor, width) * query_scale;
+      delta += dcoco_rows::dot(query.data(), successors + to_ids[b] * width, width) * query_scale;
     }
-    if (bigram_in != nullptr) {  // the pair counts' weight of this slot pair (MAX_PAIRS = 16)
-      delta += ptr(w, "bigram_scale")[std::min<int64_t>(pair, 15)] * counts[b];
-    }
+    delta += bigram_scale * counts[b];  // 0 without pair counts
     scores[b] = block.logits[slot * top_k + b] + delta;
   }
 }
@@ -177,9 +177,8 @@ PairParts pair_parts(const Weights& w, const torch::Tensor& walk_hidden, const S
     float* rows = state.data_ptr<float>();
     dcoco_rows::linear(both.data(), pairs, w.at("pair_w"), n.width, w.at("pair_b"), rows);
     const float eps = w.at("pair_eps").item<float>();
-    for (int64_t i = 0; i < pairs; ++i) {
-      norm_silu(rows + i * n.width, ptr(w, "pair_ln_w"), ptr(w, "pair_ln_b"), n.width, eps);
-    }
+    const float *gain = ptr(w, "pair_ln_w"), *bias = ptr(w, "pair_ln_b");
+    for (int64_t i = 0; i < pairs; ++i) norm_silu(rows + i * n.width, gain, bias, n.width, eps);
   }
   dcoco_rows::linear(state.data_ptr<float>(), pairs, w.at("delta_pair"), n.width, w.at("delta_b"),
                      out.pair_pre.data_ptr<float>());
