@@ -162,7 +162,10 @@ def _ours_main(shipped: str, checkpoint: str, copy: str) -> None:
     dflash = _our_run(target, DFlashProposer(load_drafter(shipped, target)), prompts)
     drafter = load_drafter(checkpoint, target)
     head = load_head(checkpoint, target, drafter)
-    dcoco = _our_run(target, HeadProposer(drafter, head), prompts, record_head=head)
+    # the batched walk, as vLLM runs it: the fused C++ walk bypasses head.select (its picks
+    # equal the batched walk's: tests/test_fused_walk.py)
+    proposer = HeadProposer(drafter, head, fused_walk=False)
+    dcoco = _our_run(target, proposer, prompts, record_head=head)
     copy_drafter = load_drafter(copy, target)
     slots = copy_drafter.config.block_size - 1
     hinted = _our_run(target, DFlashProposer(copy_drafter, slots), prompts)
