@@ -132,35 +132,81 @@ def block_chunks(
 ) -> Iterator[BlockChunk]:
     """The drafter's pass over `item`'s blocks, `chunk` blocks per forward; `window` > 0 shows
     each block only its last `window` context positions (a training curriculum)."""
+    return record_chunks(drafter, [item], chunk, window)
+
+
+def record_chunks(
+    drafter: BlockDrafter, items: list[Item], chunk: int, window: int = 0
+) -> Iterator[BlockChunk]:
+    """The drafter's pass over the blocks of several records side by side: forward j takes the
+    j-th `chunk` anchors of every record that has them, one batch row per record, the shorter
+    contexts padded and masked, so one forward does the work of len(items). Each yielded chunk
+    holds those records' blocks, record by record (a batch keeps a GPU busy; one record is the
+    single-record pass exactly)."""
     block_size = drafter.config.block_size
-    ids = item.ids[None]  # [1, tokens]
-    context_positions = torch.arange(ids.shape[1], device=ids.device)[None]
-    anchor_chunks = item.anchors.split(chunk) if item.anchors.numel() else ()
-    hint_chunks = (
-        copy_hints_of(item, block_size).split(chunk)
-        if drafter.config.copy_hints and anchor_chunks
-        else [None] * len(anchor_chunks)
-    )  # [n, block - 1] each
-    for anchors, hints in zip(anchor_chunks, hint_chunks, strict=True):
-        anchors = anchors[None]  # [1, n]
+    hints = [
+        copy_hints_of(item, block_size) if drafter.config.copy_hints else None for item in items
+    ]  # [n_r, block - 1] each
+    batch = _PaddedRecords(items)
+    for start in range(0, max((item.anchors.numel() for item in items), default=0), chunk):
+        rows = [r for r, item in enumerate(items) if item.anchors.numel() > start]
+        anchors, valid = _padded([items[r].anchors[start : start + chunk] for r in rows])
+        chunk_hints = None
+        if drafter.config.copy_hints:
+            chunk_hints, _ = _padded([hints[r][start : start + chunk] for r in rows])
+        ids, features, context_valid = batch.rows(rows)
         block_ids, positions, labels = block_inputs_and_labels(
-            ids,
-            anchors,
-            block_size,
-            drafter.config.mask_token_id,
-            None if hints is None else hints[None],
+            ids, anchors, block_size, drafter.config.mask_token_id, chunk_hints
         )
-        mask = block_attention_mask(anchors, ids.shape[1], block_size, window=window)
-        hidden = drafter(
-            drafter.embed(block_ids), item.features, context_positions, positions, mask
-        )
-        blocks = anchors.shape[1]
+        mask = block_attention_mask(anchors, ids.shape[1], block_size, context_valid, window)
+        context_positions = torch.arange(ids.shape[1], device=ids.device).expand(len(rows), -1)
+        hidden = drafter(drafter.embed(block_ids), features, context_positions, positions, mask)
+        shape = (*anchors.shape, block_size)  # [records, n, block]
         yield BlockChunk(
-            hidden=hidden.view(blocks, block_size, -1)[:, 1:],
-            anchor_ids=block_ids.view(blocks, block_size)[:, 0],
-            label_ids=labels.view(blocks, block_size)[:, 1:],
-            hint_ids=hints,
+            hidden=hidden.view(*shape, -1)[valid][:, 1:],
+            anchor_ids=block_ids.view(shape)[valid][:, 0],
+            label_ids=labels.view(shape)[valid][:, 1:],
+            hint_ids=None if chunk_hints is None else chunk_hints[valid],
         )
+
+
+class _PaddedRecords:
+    """Records' ids [records, tokens] and taps [records, tokens, taps * hidden], padded to the
+    longest (built once per batch); one record is its own tensors, unpadded."""
+
+    def __init__(self, items: list[Item]):
+        self.lengths = [item.ids.numel() for item in items]
+        self.single = items[0] if len(items) == 1 else None
+        if self.single is not None or not items:
+            return
+        first, longest = items[0], max(self.lengths)
+        self.ids = torch.zeros(len(items), longest, dtype=torch.long, device=first.ids.device)
+        self.features = first.features.new_zeros(len(items), longest, first.features.shape[-1])
+        for r, item in enumerate(items):
+            self.ids[r, : self.lengths[r]] = item.ids
+            self.features[r, : self.lengths[r]] = item.features[0]
+
+    def rows(self, rows: list[int]) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(ids, taps, context_valid or None where no row is padded) of the records `rows`."""
+        if self.single is not None:
+            return self.single.ids[None], self.single.features, None
+        longest = max(self.lengths[r] for r in rows)
+        lengths = torch.tensor([self.lengths[r] for r in rows], device=self.ids.device)
+        valid = torch.arange(longest, device=self.ids.device)[None] < lengths[:, None]
+        padded = None if bool(valid.all()) else valid
+        return self.ids[rows, :longest], self.features[rows, :longest], padded
+
+
+def _padded(parts: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """Rows [n_r, ...] -> [records, n, ...] (each padded with its own last row) and the real
+    rows' mask [records, n]."""
+    n = max(part.shape[0] for part in parts)
+    padded = [torch.cat([p, p[-1:].expand(n - p.shape[0], *p.shape[1:])]) for p in parts]
+    valid = (
+        torch.arange(n, device=parts[0].device)[None]
+        < torch.tensor([part.shape[0] for part in parts], device=parts[0].device)[:, None]
+    )
+    return torch.stack(padded), valid
 
 
 def copy_hints_of(item: Item, block_size: int) -> Tensor:

@@ -56,6 +56,7 @@ class DrafterTrainConfig:
     add_layers: int = 0
     loss_vocab: int = 16000
     anchor_chunk: int = 32
+    records_per_forward: int = 1
     copy_hints: bool = False
     copy_gate: bool = False
     mix_corpus: str = ""
@@ -70,6 +71,7 @@ class DrafterTrainConfig:
             "eval_every",
             "save_every",
             "anchor_chunk",
+            "records_per_forward",
             "window_doubling_steps",
         ]
         bad = [name for name in positive if getattr(self, name) < 1]
@@ -136,7 +138,11 @@ HELPS = {
     "loss_vocab": "train the loss over the N most frequent reply tokens of the corpus (a CPU "
     "speed-up: the full head is most of a step); 0 = the full vocabulary. Evaluation and "
     "decoding always use the full vocabulary",
-    "anchor_chunk": "blocks per drafter forward (attention cost grows with its square)",
+    "anchor_chunk": "blocks of each record per drafter forward (attention cost grows with its "
+    "square)",
+    "records_per_forward": "records side by side in one drafter forward (a batch, padded to the "
+    "longest); a step's --batch-size records accumulate gradients over their forwards. Raise it "
+    "where one record's blocks leave the device idle (a GPU)",
     "copy_hints": "fill the mask slots with prompt lookup's tokens where it has a match "
     "(dcoco.models.drafter.copy_hints), so the drafter learns when to copy; with --init, turns "
     "them on for the init's weights. vLLM runs such a drafter through dcoco's plugin (dcoco serve)",

@@ -3,14 +3,15 @@ drafter built on the meta device (shapes, no memory, no weights), their paramete
 memory one GPU holds at the recipe's batch, the feature cache per corpus token, and the steps.
 
 Memory per GPU (data parallel: every GPU holds the target and the drafter). The trainer takes a
-step's records one at a time and each record's anchors `anchor-chunk` blocks at a time, adding
-up the gradients, so what a step holds beyond the weights is one chunk's:
+step's records `records-per-forward` (R) at a time and each record's anchors `anchor-chunk`
+blocks at a time, adding up the gradients, so what a step holds beyond the weights is one
+forward's:
 - target weights in the recipe's `target-dtype`;
 - the drafter's fp32 weights, fp32 gradients and AdamW's two fp32 moments: 16 bytes a parameter;
-- one record's target features, bf16: `max-seq-len` x taps x hidden x 2;
-- one chunk's loss logits in fp32 and their gradient: `anchor-chunk` x (block - 1) x
+- R records' target features, bf16: R x `max-seq-len` x taps x hidden x 2;
+- one forward's loss logits in fp32 and their gradient: R x `anchor-chunk` x (block - 1) x
   `loss-vocab` (or the vocabulary) x 8;
-- the draft layers' activations, estimated as `anchor-chunk` x block x (12 x hidden + 3 x
+- the draft layers' activations, estimated as R x `anchor-chunk` x block x (12 x hidden + 3 x
   intermediate) x layers x 2 bytes (bf16 autocast; the attention over the context on top).
 The feature cache holds taps x hidden bf16 values a corpus token. Estimates for planning, not
 measurements.
@@ -92,7 +93,8 @@ def plan(target_config: dict, first_stage_flags: dict, stage_flags: list[dict]) 
 
 
 def _memory(target_params: int, trained: int, config: DrafterConfig, flags: dict):
-    chunk = int(flags.get("anchor-chunk", 32))
+    records = int(flags.get("records-per-forward", 1))
+    chunk = records * int(flags.get("anchor-chunk", 32))  # blocks in one forward
     vocab = int(flags.get("loss-vocab", 16000)) or config.vocab_size
     hidden, block = config.hidden_size, config.block_size
     layer_width = 12 * hidden + 3 * config.intermediate_size
@@ -102,7 +104,12 @@ def _memory(target_params: int, trained: int, config: DrafterConfig, flags: dict
     return {
         "target": target_params * DTYPE_BYTES[dtype] / GIB,
         "drafter+adam": trained * 16 / GIB,
-        "features": int(flags.get("max-seq-len", 1024)) * config.num_taps * hidden * 2 / GIB,
+        "features": records
+        * int(flags.get("max-seq-len", 1024))
+        * config.num_taps
+        * hidden
+        * 2
+        / GIB,
         "logits": chunk * (block - 1) * vocab * 8 / GIB,
         "activations": chunk * block * layer_width * config.num_layers * 2 / GIB,
     }

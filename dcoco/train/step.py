@@ -1,7 +1,9 @@
 """One pass of losses over a batch of sequences, the held-out evaluation and the count baseline
 on the held-out blocks; the training loop (dcoco.train.loop) calls them.
 
-Losses are Sum w*loss / Sum w over the labelled slots, with gradients accumulated chunk by chunk.
+Losses are Sum w*loss / Sum w over the labelled slots, with gradients accumulated chunk by chunk:
+a step's records go through the drafter `--records-per-forward` at a time (one batch of the
+forward), so a step of `--batch-size` records accumulates the gradients of its forwards.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import contextlib
 import torch
 
 from dcoco.data.bigram import CountBigram
-from dcoco.train.block_pass import IGNORE, LossVocab, block_chunks, chunk_losses
+from dcoco.train.block_pass import IGNORE, LossVocab, chunk_losses, record_chunks
 from dcoco.train.blocks import acceptance_stats
 from dcoco.train.distributed import SINGLE, Ranks, all_cat, all_sum
 from dcoco.train.run_state import Run
@@ -66,8 +68,10 @@ def step_losses(run: Run, items, vocab: LossVocab, backward: bool) -> dict:
     totals = {"drafter": 0.0, "head": 0.0}
     drafter_correct, head_correct = [], []
     progress = run.step / run.total_steps
-    for item in items:
-        chunks = block_chunks(run.drafter, item, run.config.anchor_chunk, window)
+    per_forward = run.config.records_per_forward
+    for first in range(0, len(items), per_forward):
+        group = items[first : first + per_forward]
+        chunks = record_chunks(run.drafter, group, run.config.anchor_chunk, window)
         while True:
             # The drafter's forward runs inside next(), so autocast must cover it; the backward
             # runs outside, as autocast asks.
