@@ -126,3 +126,15 @@ def test_prompts_come_from_the_suites_when_their_data_is_there():
     prompts = _prompts(SoakConfig(suites="gsm8k,humaneval", limit=2))
     assert len(prompts) == 4 and all(isinstance(p, str) and p for p in prompts)
     assert _prompts(SoakConfig(data_dir="/nonexistent")) == list(FALLBACK_PROMPTS)
+
+
+def test_rss_is_read_minute_by_minute_and_drawn(tmp_path, drawn):
+    from dcoco.eval.served.report import plot_rss, rss_minutes
+
+    mib = 2**20
+    rss = [(float(t), (100 + t) * mib) for t in range(0, 150, 5)]  # 0 .. 145 s, +1 MiB a second
+    assert rss_minutes(rss) == [100.0, 160.0, 220.0, 245.0]  # minutes 0, 1, 2 and the last sample
+    assert rss_minutes([]) == []
+    assert plot_rss(rss, "soak", tmp_path / "rss.png").is_file()
+    xs, ys = drawn["rss.png"]["lines"]["RSS"]
+    assert xs[0] == 0 and xs[-1] == pytest.approx(145 / 60) and ys[-1] == 245

@@ -5,7 +5,8 @@
 # log goes to $DCOCO_CACHE_DIR/soak/<method>-server.log. Loopback only; needs `make venv-vllm`.
 # Usage: scripts/reproduce/soak_serve.sh [METHOD ...]   (default: dcoco@dcoco-joint-12k dflash@dflash,
 #        the checkpoints of the committed soaks; results/serve/smollm2-soak-32-<method before @>)
-# env: CLIENTS (32), DURATION (600 s), PORT (8766), DCOCO
+# env: CLIENTS (32), DURATION (600 s), PORT (8766), DCOCO, RUN (the results folder's stem,
+#      smollm2-soak-32: a 30-minute soak is RUN=smollm2-soak-32-30min DURATION=1800)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 make -s venv venv-vllm
@@ -17,7 +18,7 @@ methods=("$@")
 [ ${#methods[@]} -gt 0 ] || methods=(dcoco@dcoco-joint-12k dflash@dflash)
 for m in "${methods[@]}"; do
   name=${m%%@*}
-  out=results/serve/smollm2-soak-32-$name
+  out=results/serve/${RUN:-smollm2-soak-32}-$name
   mkdir -p "$out"
   setsid "$DCOCO" serve --method "$m" --dtype fp32 --port "$PORT" --layout all-cores \
     >"$LOGS/$name-server.log" 2>&1 &

@@ -230,3 +230,36 @@ def spread_table(merged: list[dict]) -> str:
                 f"| {_row(result['label'])} | {temperature:g} | {servers} | {' | '.join(cells)} |"
             )
     return "\n".join(lines)
+
+
+def rss_minutes(rss: list) -> list[float]:
+    """The server's RSS in MiB at each whole minute of a soak (`rss` [(s, bytes)]), the last
+    sample closing the list."""
+    if not rss:
+        return []
+    marks = [t for t, _ in rss]
+    picked = [next(b for t, b in rss if t >= m * 60) for m in range(int(marks[-1] // 60) + 1)]
+    if marks[-1] % 60:
+        picked.append(rss[-1][1])
+    return [round(b / 2**20, 1) for b in picked]
+
+
+def plot_rss(rss: list, title: str, path: Path) -> Path | None:
+    """The server's RSS over a soak (`rss` [(s, bytes)]); None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    ax.plot([t / 60 for t, _ in rss], [b / 2**20 for _, b in rss], label="RSS")
+    ax.set_xlabel("minutes under load")
+    ax.set_ylabel("server RSS, MiB (process tree)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

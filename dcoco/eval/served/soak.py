@@ -9,7 +9,8 @@ vLLM-CPU's speculative decoding), a share of streams dropped mid-way, and a shar
 from their reference, fuzzed bodies answered 4xx with one clear line, with an unclear one (empty or
 several lines) and those accepted (200), unexpected 4xx and 5xx, hung (no reply within `timeout_s`),
 truncated streams, connection errors, and samples the server's RSS (`server_pid` and its children)
-over time. Writes `<out>/soak.json`.
+over time. Writes `<out>/soak.json` and, with a server pid, `<out>/rss.png` (its RSS over the
+soak).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dcoco.config import Command
 from dcoco.errors import DcocoError
 from dcoco.eval.run_record import write_run_record
 from dcoco.eval.served.bench import served_model
+from dcoco.eval.served.report import plot_rss, rss_minutes
 from dcoco.eval.served.soak_requests import fuzzed_bodies, pick_fuzz, request_body, send
 from dcoco.eval.suites import load_prompts
 
@@ -38,6 +40,7 @@ FALLBACK_PROMPTS = (
     "Repeat this sentence twice: the quick brown fox jumps over the lazy dog.",
     "List the first ten prime numbers.",
 )
+RSS_PLOT = "rss.png"
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 # verdicts a correct server never earns
 FAILURES = ("greedy_differs", "unexpected_5xx", "hung", "truncated", "malformed_reply",
@@ -203,6 +206,7 @@ def soak(config: SoakConfig) -> dict:
               "rss_bytes": rss, "examples": examples}  # fmt: skip
     if rss:
         record["rss_growth_bytes"] = rss[-1][1] - rss[0][1]
+        record["rss_mib_by_minute"] = rss_minutes(rss)
     return record
 
 
@@ -216,6 +220,9 @@ def run(config: SoakConfig) -> int:
     if "rss_growth_bytes" in record:
         growth = record["rss_growth_bytes"] / 2**20
         print(f"server RSS growth: {growth:+.1f} MiB over {record['wall_s']} s")
+        minutes = " ".join(f"{mib:.0f}" for mib in record["rss_mib_by_minute"])
+        print(f"server RSS MiB by minute: {minutes}")
+        plot_rss(record["rss_bytes"], f"server RSS, {config.clients} clients", out / RSS_PLOT)
     print(f"soak: {out / 'soak.json'}", file=sys.stderr)
     bad = sum(record["counts"].get(k, 0) for k in FAILURES)
     return 1 if bad else 0
