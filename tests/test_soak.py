@@ -5,7 +5,12 @@ is caught; dropped streams are counted as disconnects, not truncations."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -138,3 +143,24 @@ def test_rss_is_read_minute_by_minute_and_drawn(tmp_path, drawn):
     assert plot_rss(rss, "soak", tmp_path / "rss.png").is_file()
     xs, ys = drawn["rss.png"]["lines"]["RSS"]
     assert xs[0] == 0 and xs[-1] == pytest.approx(145 / 60) and ys[-1] == 245
+
+
+def test_rss_is_summed_over_the_process_tree_by_name():
+    from dcoco.eval.served.soak import rss_by_process, rss_bytes
+
+    code = "import subprocess, time; subprocess.Popen(['sleep', '30']); time.sleep(30)"
+    parent = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        by_name = {}
+        for _ in range(200):  # until the child is there
+            by_name = rss_by_process(parent.pid)
+            if "sleep" in by_name:
+                break
+            time.sleep(0.05)
+        assert "sleep" in by_name and len(by_name) == 2  # the python parent and its child
+        assert all(v > 0 for v in by_name.values())
+        assert rss_bytes(parent.pid) == pytest.approx(sum(by_name.values()), rel=0.2)
+        assert rss_by_process(2**22 + 1) == {}  # no such process: nothing, no error
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()

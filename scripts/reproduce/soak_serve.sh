@@ -6,7 +6,8 @@
 # Usage: scripts/reproduce/soak_serve.sh [METHOD ...]   (default: dcoco@dcoco-joint-12k dflash@dflash,
 #        the checkpoints of the committed soaks; results/serve/smollm2-soak-32-<method before @>)
 # env: CLIENTS (32), DURATION (600 s), PORT (8766), DCOCO, RUN (the results folder's stem,
-#      smollm2-soak-32: a 30-minute soak is RUN=smollm2-soak-32-30min DURATION=1800)
+#      smollm2-soak-32: a 30-minute soak is RUN=smollm2-soak-32-30min DURATION=1800),
+#      SERVE_FLAGS (more `dcoco serve` flags, e.g. "--kv-cache-gib 0.25")
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 make -s venv venv-vllm
@@ -20,7 +21,8 @@ for m in "${methods[@]}"; do
   name=${m%%@*}
   out=results/serve/${RUN:-smollm2-soak-32}-$name
   mkdir -p "$out"
-  setsid "$DCOCO" serve --method "$m" --dtype fp32 --port "$PORT" --layout all-cores \
+  # shellcheck disable=SC2086 # SERVE_FLAGS is a list of flags
+  setsid "$DCOCO" serve --method "$m" --dtype fp32 --port "$PORT" --layout all-cores ${SERVE_FLAGS:-} \
     >"$LOGS/$name-server.log" 2>&1 &
   server=$!
   for _ in $(seq 300); do

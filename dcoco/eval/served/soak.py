@@ -78,6 +78,12 @@ def _prompts(config: SoakConfig) -> list[str]:
 
 def rss_bytes(pid: int) -> int:
     """Resident memory of `pid` and its descendants (Linux /proc)."""
+    return sum(rss_by_process(pid).values())
+
+
+def rss_by_process(pid: int) -> dict[str, int]:
+    """Resident memory of `pid` and its descendants by process name (the same names summed):
+    which of a server's processes grows (vLLM's API server, EngineCore, Worker)."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -85,17 +91,22 @@ def rss_bytes(pid: int) -> int:
         except OSError:
             continue
         children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    total, todo = 0, [pid]
+    by_name: dict[str, int] = {}
+    todo = [pid]
     while todo:
         current = todo.pop()
         try:
-            for line in Path(f"/proc/{current}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
+            status = dict(
+                line.split(":", 1)
+                for line in Path(f"/proc/{current}/status").read_text().splitlines()
+            )
         except OSError:
-            pass
+            status = {}
+        if "VmRSS" in status:
+            name = status["Name"].strip()
+            by_name[name] = by_name.get(name, 0) + int(status["VmRSS"].split()[0]) * 1024
         todo.extend(children.get(current, []))
-    return total
+    return by_name
 
 
 def references(config: SoakConfig, model: str, prompts: list[str]) -> dict:
@@ -174,6 +185,7 @@ def soak(config: SoakConfig) -> dict:
     examples: dict[str, list] = {}
     lock, stop = threading.Lock(), time.monotonic() + config.duration_s
     rss = [(0.0, rss_bytes(config.server_pid))] if config.server_pid else []
+    first_by_process = rss_by_process(config.server_pid) if config.server_pid else {}
     started = time.monotonic()
 
     def client(number: int) -> None:
@@ -207,6 +219,11 @@ def soak(config: SoakConfig) -> dict:
     if rss:
         record["rss_growth_bytes"] = rss[-1][1] - rss[0][1]
         record["rss_mib_by_minute"] = rss_minutes(rss)
+        last = rss_by_process(config.server_pid)
+        record["rss_mib_by_process"] = {
+            name: [round(first_by_process.get(name, 0) / 2**20, 1), round(last[name] / 2**20, 1)]
+            for name in last
+        }  # name -> [at the start, at the end]
     return record
 
 
@@ -222,6 +239,7 @@ def run(config: SoakConfig) -> int:
         print(f"server RSS growth: {growth:+.1f} MiB over {record['wall_s']} s")
         minutes = " ".join(f"{mib:.0f}" for mib in record["rss_mib_by_minute"])
         print(f"server RSS MiB by minute: {minutes}")
+        print(f"server RSS MiB by process (start, end): {record['rss_mib_by_process']}")
         plot_rss(record["rss_bytes"], f"server RSS, {config.clients} clients", out / RSS_PLOT)
     print(f"soak: {out / 'soak.json'}", file=sys.stderr)
     bad = sum(record["counts"].get(k, 0) for k in FAILURES)
