@@ -20,12 +20,14 @@ failure (no C++ compiler, an operator inductor cannot lower) leaves the eager ca
 one line on stderr.
 
 A server cannot wait for that: on a fresh 2-core machine the compiling took 155-390 s, and vLLM
-fails a step that runs past 300 s (HTTP 500 for every request in flight: CI, 2026-12-07). There
-it runs `in_background`: a thread builds the head's vocabulary tables and compiles from copies of
-the first call's shapes, the eager call answers meanwhile (projecting its own candidates'
-embeddings, `defer_tables`), and calls switch to the compiled function once every graph is
-built. The thread enters the caller's grad and inference modes, which dynamo guards on: compiled
-under others, the first real call would compile again, in the serving thread.
+fails a step that runs past 300 s (HTTP 500 for every request in flight: CI, 2026-12-07). Nor can
+it compile in a thread beside its model steps: tracing patches process-wide state (torch.fx swaps
+`nn.Module.__call__` while it traces), and a target step that ran meanwhile in vLLM's thread failed
+with `NameError: module is not installed as a submodule`, killing the engine three minutes into
+a soak (2026-12-08). So a server's head (`in_background`) never traces in a thread: on a CPU it
+walks with the fused C++ call (dcoco.models.heads.fused_walk), whose kernels a thread builds (a
+compiler subprocess and an import, nothing traced) while the eager call answers (projecting its
+own candidates' embeddings, `defer_tables`); elsewhere it compiles in the calling thread.
 """
 
 from __future__ import annotations
@@ -58,17 +60,19 @@ class HeadSelect:
                  batch_sizes: tuple[int, ...] = (1, 2), in_background: bool = False,
                  fused: bool = False):  # fmt: skip
         """`batch_sizes`: the request counts compiled ahead, for every slot count (vLLM: 1 and 2,
-        the second standing for every larger batch; our engine drafts for one). `in_background`:
-        compile in a thread, calls running eagerly until it is done (a server). `fused`: where
+        the second standing for every larger batch; our engine drafts for one). `fused`: where
         the head's walk runs as one C++ call here (dcoco.models.heads.fused_walk), calls run
-        that, uncompiled (our engine on a CPU; the vLLM plugin builds no kernels)."""
+        that, uncompiled. `in_background`: a server's head, whose process runs models in other
+        threads: the fused walk's kernels build in a thread, calls running eagerly until they
+        are built, and nothing is compiled on a CPU (see the module's notes)."""
         self.head, self.selection, self.column_ids = head, selection, column_ids
         self.max_slots, self.batch_sizes = max_slots, batch_sizes
-        walk = fused_walk_for(head, selection, column_ids) if fused else None
-        self.fused = walk is not None
-        self._call = walk or (None if compile else self._eager)  # else compiled on first use
         self.in_background = in_background
-        self._thread: threading.Thread | None = None  # the background compile, once started
+        self.wants_fused = fused
+        walk = fused_walk_for(head, selection, column_ids) if fused and not in_background else None
+        self.fused = walk is not None
+        self._call = walk or (None if compile else self._eager)  # else set up on first use
+        self._thread: threading.Thread | None = None  # the background build, once started
         self.setup_s = 0.0  # seconds the compiling took (0 until it ran, and when eager)
 
     @property
@@ -85,18 +89,19 @@ class HeadSelect:
             return
         block = _contiguous(hidden, logits, anchor_ids)
         started = time.perf_counter()  # the frozen tables too are set-up
-        if not self.in_background:
+        if not self.in_background or hidden.device.type != "cpu":
             self._freeze()
             self._call = self._compiled(block, started)
+            return
+        if not self.wants_fused:  # a CPU server compiles nothing: eager
+            self._call = self._eager
             return
         defer = getattr(self.head, "defer_tables", None)
         if defer is not None:  # the thread builds them; eager calls project their own rows
             defer()
-        first = tuple(tensor[:1].clone() for tensor in block)  # the caller's buffers change
         modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
-        self._thread = threading.Thread(target=self._compile_in_background,
-                                        args=(first, modes, started),
-                                        name="dcoco-head-compile", daemon=True)  # fmt: skip
+        self._thread = threading.Thread(target=self._fuse_in_background, args=(modes, started),
+                                        name="dcoco-head-kernels", daemon=True)  # fmt: skip
         self._thread.start()
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -112,13 +117,19 @@ class HeadSelect:
         self.prepare(*block)
         return (self._call or self._eager)(*block)  # eager while a background compile runs
 
-    def _compile_in_background(self, block: tuple[Tensor, ...], modes: tuple[bool, bool],
-                               started: float) -> None:  # fmt: skip
+    def _fuse_in_background(self, modes: tuple[bool, bool], started: float) -> None:
+        """The vocabulary tables and the fused walk's kernels (built where missing), then calls
+        switch to the fused walk, or stay eager where the kernels cannot build."""
         grad, inference = modes
         _lowest_priority()  # the serving thread's steps first (it shares the worker's cores)
         with torch.inference_mode(inference), torch.set_grad_enabled(grad):
             self._freeze()
-            self._call = self._compiled(block, started)
+            walk = fused_walk_for(self.head, self.selection, self.column_ids)
+        self.fused = walk is not None
+        self.setup_s = time.perf_counter() - started
+        what = "walks as one C++ call" if walk else "runs eagerly (no fused kernels here)"
+        print(f"dcoco: the draft head {what}, set up in {self.setup_s:.0f} s", file=sys.stderr)
+        self._call = walk or self._eager
 
     def _eager(self, hidden: Tensor, logits: Tensor, anchor_ids: Tensor) -> Tensor:
         return select_draft(self.head, hidden, logits, anchor_ids, self.selection, self.column_ids)

@@ -202,10 +202,13 @@ class DcocoDFlashForCausalLM(DFlashQwen3ForCausalLM):
         )
         if self._select is None:  # compiled (head_compile) where the config asks for it
             max_slots = max(1, self._default_slots)
-            background = current().compile_head_in_background  # a server: eager until compiled
+            # a server on a CPU: eager until the fused walk's kernels are built, nothing compiled
+            # beside its model steps (dcoco.models.heads.head_compile); elsewhere `select`,
+            # compiled where the config asks
+            background = current().compile_head_in_background
             self._select = HeadSelect(
                 self.head, self._selection, self._column_ids, max_slots,
-                compile=self._compile_head, in_background=background,
+                compile=self._compile_head, in_background=background, fused=background,
             )  # fmt: skip
         if requests > head_max_batch(self.sampled_step) or (
             self.sampled_step and self._sampled_drafts

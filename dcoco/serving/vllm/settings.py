@@ -29,8 +29,10 @@ class PluginSettings:
     sampled_head_max_batch: int = OPEN_END  # `/M` of `@N/M`: the same in all-sampled steps
     context_margin: int = 1  # K = 0 steps store the drafter's context up to drafting batch + this
     live_record: str = ""  # the `auto` schedule's probe record (dcoco.serving.live_schedule)
-    # the draft head compiles in a thread while its eager call answers (a server: vLLM fails a
-    # step past 300 s, and a first compile on 2 cores can take longer); False where it is timed
+    # a server's draft head: on a CPU its fused walk's kernels build in a thread while its eager
+    # call answers, and nothing is compiled (vLLM fails a step past 300 s, a first compile on 2
+    # cores can take longer, and tracing beside model steps broke one:
+    # dcoco.models.heads.head_compile); False where it is timed
     compile_head_in_background: bool = False
 
     def with_schedule(self, text: str) -> PluginSettings:
