@@ -89,8 +89,11 @@ def kernels_state() -> str:
 
 
 def _build_key() -> bytes:
-    """What a build depends on beside the sources: torch, the flags, this CPU (-march=native)."""
-    return f"{torch.__version__} {_flags()} {sorted(cpu_info().flags)}".encode()
+    """What a build depends on beside the sources: torch (its version and where it lives: a build
+    names the headers and libraries of one install, so each venv keeps its own, not rebuilding
+    over another's), the flags, this CPU (-march=native)."""
+    torch_dir = Path(torch.__file__).parent
+    return f"{torch.__version__} {torch_dir} {_flags()} {sorted(cpu_info().flags)}".encode()
 
 
 def takes(x: Tensor) -> bool:
