@@ -12,8 +12,8 @@ here (a corrector kept in bf16 walks in fp32 too); a product's matrix that bf16 
 a checkpoint's does, is kept in bf16 and widened as it is read (the same products, from half the
 bytes: in decoding they come from memory). Its picks equal the batched fp32 walk's except
 where two scores are within rounding of each other (tests/test_fused_walk.py); a draft is verified
-whatever it picks, so output is unchanged. Our engine uses it on a CPU where the kernels build;
-the vLLM plugin keeps the compiled `select` (no kernel build inside a serving worker).
+whatever it picks, so output is unchanged. Our engine uses it on a CPU where the kernels build,
+and so does a CPU server's vLLM worker, which builds them in a thread (head_compile.HeadSelect).
 """
 
 from __future__ import annotations
