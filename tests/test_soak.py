@@ -104,7 +104,10 @@ def config(server, **flags) -> SoakConfig:
 
 
 def test_a_correct_server_passes_the_soak(server):
-    record = soak(config(server))
+    record = soak(config(server, server_pid=os.getpid()))  # the fake server is this process
+    assert record["rss_mib_by_minute"][0] > 0
+    ((name, samples),) = record["rss_mib_by_process"].items()  # start and end at least
+    assert name and len(samples) >= 2 and all(mib > 0 for mib in samples)
     counts = record["counts"]
     assert counts["sent"] == 300
     assert counts.get("greedy_differs", 0) == 0

@@ -32,7 +32,8 @@ for m in "${methods[@]}"; do
   done
   status=0
   "$DCOCO" soak --url "http://127.0.0.1:$PORT" --clients "${CLIENTS:-32}" \
-    --duration-s "${DURATION:-600}" --server-pid "$server" --out "$out" || status=$?
+    --duration-s "${DURATION:-600}" --max-requests 1000000 --server-pid "$server" --out "$out" \
+    || status=$?
   kill -TERM "$server"
   wait "$server" || true
   [ "$status" -eq 0 ] || { echo "soak of $m failed: $out/soak.json" >&2; exit "$status"; }

@@ -209,21 +209,26 @@ def soak(config: SoakConfig) -> dict:
     ]
     for thread in threads:
         thread.start()
+    by_process = [(0.0, first_by_process)] if config.server_pid else []
     while any(t.is_alive() for t in threads):
         time.sleep(1.0)
-        if config.server_pid and time.monotonic() - started - rss[-1][0] >= 5.0:
-            rss.append((round(time.monotonic() - started, 1), rss_bytes(config.server_pid)))
+        now = round(time.monotonic() - started, 1)
+        if config.server_pid and now - rss[-1][0] >= 5.0:
+            rss.append((now, rss_bytes(config.server_pid)))
+        if config.server_pid and now - by_process[-1][0] >= 60.0:
+            by_process.append((now, rss_by_process(config.server_pid)))
     record = {"config": asdict(config), "model": model, "prompts": len(prompts),
               "wall_s": round(time.monotonic() - started, 1), "counts": dict(counts),
               "rss_bytes": rss, "examples": examples}  # fmt: skip
     if rss:
         record["rss_growth_bytes"] = rss[-1][1] - rss[0][1]
         record["rss_mib_by_minute"] = rss_minutes(rss)
-        last = rss_by_process(config.server_pid)
-        record["rss_mib_by_process"] = {
-            name: [round(first_by_process.get(name, 0) / 2**20, 1), round(last[name] / 2**20, 1)]
-            for name in last
-        }  # name -> [at the start, at the end]
+        by_process.append((record["wall_s"], rss_by_process(config.server_pid)))
+        names = sorted({name for _, sample in by_process for name in sample})
+        record["rss_mib_by_process"] = {  # name -> MiB at the start, each minute and the end
+            name: [round(sample.get(name, 0) / 2**20, 1) for _, sample in by_process]
+            for name in names
+        }
     return record
 
 
@@ -239,7 +244,8 @@ def run(config: SoakConfig) -> int:
         print(f"server RSS growth: {growth:+.1f} MiB over {record['wall_s']} s")
         minutes = " ".join(f"{mib:.0f}" for mib in record["rss_mib_by_minute"])
         print(f"server RSS MiB by minute: {minutes}")
-        print(f"server RSS MiB by process (start, end): {record['rss_mib_by_process']}")
+        for name, mib in record["rss_mib_by_process"].items():
+            print(f"  {name}: {mib[0]:.0f} -> {mib[-1]:.0f} MiB")
         plot_rss(record["rss_bytes"], f"server RSS, {config.clients} clients", out / RSS_PLOT)
     print(f"soak: {out / 'soak.json'}", file=sys.stderr)
     bad = sum(record["counts"].get(k, 0) for k in FAILURES)
