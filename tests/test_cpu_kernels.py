@@ -159,3 +159,32 @@ def test_draft_attention_serves_bf16_heads_of_64_outside_autograd(fused):
     assert not fused.attends(query[..., :32], key[..., :32])
     assert not fused.attends(query[:, :4], key)  # 4 query heads do not group over 3
     assert not fused.attends(query.requires_grad_(), key)
+
+
+def test_a_killed_build_leaves_no_lock_that_later_builds_wait_on(tmp_path):
+    """A build killed mid-way (a server's, by SIGTERM) left torch's `lock` file, and every later
+    build waited on it for ever; the OS drops our lock with its process, and under it that file
+    is gone."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from dcoco.models.cpu.cpu_kernels import build_lock
+
+    (tmp_path / "lock").touch()  # torch's baton, as a killed build leaves it
+    code = (
+        "import sys, time; from pathlib import Path; "
+        "from dcoco.models.cpu.cpu_kernels import build_lock\n"
+        "with build_lock(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(60)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE)
+    assert holder.stdout.readline().strip() == b"held"
+    assert not (tmp_path / "lock").exists()  # the holder cleared the dead build's baton
+    (tmp_path / "lock").touch()  # the holder's own build, killed before it ends
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    started = time.monotonic()
+    with build_lock(tmp_path):  # not held any more: taken at once, the baton cleared
+        assert not (tmp_path / "lock").exists()
+    assert time.monotonic() - started < 5

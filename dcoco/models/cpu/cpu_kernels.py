@@ -18,10 +18,13 @@ row exactly as the 1-row step would, and greedy output stays equal to plain deco
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -72,14 +75,27 @@ def kernels() -> ModuleType | None:
         if not any(build.glob("*.so")):
             print("dcoco: building the fused CPU kernels (once per machine, about 30 s)",
                   file=sys.stderr)  # fmt: skip
-        return load(f"dcoco_cpu_kernels_{digest}", [str(source) for source in SOURCES],
-                    extra_cflags=_flags(), extra_ldflags=["-fopenmp"], build_directory=str(build),
-                    verbose=False)  # fmt: skip
+        with build_lock(build):
+            return load(f"dcoco_cpu_kernels_{digest}", [str(source) for source in SOURCES],
+                        extra_cflags=_flags(), extra_ldflags=["-fopenmp"],
+                        build_directory=str(build), verbose=False)  # fmt: skip
     except Exception as error:  # noqa: BLE001 - any build failure means: keep the operators
         reason = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
         print(f"dcoco: fused CPU kernels unavailable, using PyTorch's operators ({reason})",
               file=sys.stderr)  # fmt: skip
         return None
+
+
+@contextlib.contextmanager
+def build_lock(build: Path) -> Iterator[None]:
+    """One build at a time in `build`, under a lock the OS drops with its process. torch's own
+    (the file `lock`, removed when a build ends) stays behind when a build is killed, a server's
+    by SIGTERM say, and every later build waited on it for ever; under this lock any such file is
+    a dead build's, so it goes."""
+    with (build / ".dcoco-build-lock").open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        (build / "lock").unlink(missing_ok=True)
+        yield
 
 
 def kernels_state() -> str:
