@@ -185,7 +185,6 @@ def soak(config: SoakConfig) -> dict:
     examples: dict[str, list] = {}
     lock, stop = threading.Lock(), time.monotonic() + config.duration_s
     rss = [(0.0, rss_bytes(config.server_pid))] if config.server_pid else []
-    first_by_process = rss_by_process(config.server_pid) if config.server_pid else {}
     started = time.monotonic()
 
     def client(number: int) -> None:
@@ -209,7 +208,7 @@ def soak(config: SoakConfig) -> dict:
     ]
     for thread in threads:
         thread.start()
-    by_process = [(0.0, first_by_process)] if config.server_pid else []
+    by_process = [(0.0, rss_by_process(config.server_pid))] if config.server_pid else []
     while any(t.is_alive() for t in threads):
         time.sleep(1.0)
         now = round(time.monotonic() - started, 1)
